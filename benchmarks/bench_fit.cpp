@@ -1,0 +1,552 @@
+// bench_fit: baton::fit against the hand-written LibTorch loop a competent user would write.
+//
+// Same model (the same baton factory and the same initial weights: the hand-written side trains
+// a deep copy of baton's initial state), same data and data order (baton::data::epoch_order with
+// the run's seed), same optimizer (SGD, momentum 0.9) and batch size. Within one case both sides
+// run in this process under the same runtime settings (baton::configure_runtime(), called once at
+// start), after an untimed warm-up each, in interleaved repetitions (baton, hand-written, baton,
+// hand-written, ...); each side's figure is the median over the repetitions. Output, one line per
+// case:
+//
+//   <case> baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y> peak_rss_mb=<z>
+//   many_fits baton_1000_fits_s=<a> baton_one_fit_s=<b> ratio=<a/b>        (target: <= 1.10)
+//   naive_cnn baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y>
+//
+// `naive_cnn` compares what a user gets out of the box: baton with configure_runtime() against
+// the hand-written CNN loop with LibTorch's default process settings (no configure_runtime, no
+// mallopt, no set_num_threads). Process settings cannot be undone in-process, so each side runs
+// in its own process: this program re-executes itself (/proc/self/exe) with a hidden flag
+// (--baton-cnn or --naive-handwritten-cnn) and reads the child's "samples_per_s=" line.
+//
+// The hand-written loop does not call loss.item() per step: it has no use for the value, and a
+// user timing it would not add one. baton reads the loss each step (its non-finite check and the
+// stage record need it), so that cost is part of baton's figure, as it should be.
+//
+// peak_rss_mb is getrusage(RUSAGE_SELF).ru_maxrss: the high-water mark of the whole process so
+// far (both sides and the dataset). Cases run in ascending memory order (tiny, mlp, many_fits,
+// cnn) so that each figure is close to that case's own peak; `--case NAME` isolates one case.
+//
+// Usage: bench_fit [--smoke] [--case cnn|mlp|tiny|many_fits|naive_cnn] [--reps N] [--batches N]
+//   --smoke     every case with very few batches (< 30 s in all; used as a ctest)
+//   --batches N batches per timed repetition (overrides the case's default; many_fits: fits)
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <baton/baton.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint64_t kSeed = 42;
+constexpr double kLr = 0.05;
+constexpr double kMomentum = 0.9;
+constexpr std::int64_t kMaxBatches = 1'000'000'000;  // init_state's max: never the limit here
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+double peak_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+[[noreturn]] void die(std::string_view what, const baton::Error& e) {
+  std::fflush(stdout);
+  fmt::print(stderr, "bench_fit: {}: {}\n", what, e.to_string());
+  std::exit(1);
+}
+
+// ------------------------------------------------------------------------------------- options
+
+enum class Mode { main, baton_cnn, naive_handwritten_cnn };
+
+struct Options {
+  Mode mode = Mode::main;
+  bool smoke = false;
+  std::string only_case;               // empty: every case
+  std::optional<int> reps;             // default: 3 (smoke: 1)
+  std::optional<std::int64_t> batches;  // default: per case
+};
+
+void usage(std::FILE* f) {
+  fmt::print(f,
+             "usage: bench_fit [--smoke] [--case cnn|mlp|tiny|many_fits|naive_cnn] [--reps N] "
+             "[--batches N]\n");
+}
+
+std::optional<Options> parse_args(int argc, char** argv) {
+  Options o;
+  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::optional<std::string> {
+      if (i + 1 >= argc) return std::nullopt;
+      return std::string(argv[++i]);
+    };
+    auto positive = [&](std::string_view flag) -> std::optional<std::int64_t> {
+      const auto v = value();
+      char* end = nullptr;
+      const long long n = v ? std::strtoll(v->c_str(), &end, 10) : 0;
+      if (!v || end == v->c_str() || *end != '\0' || n <= 0) {
+        fmt::print(stderr, "bench_fit: {} needs a positive integer\n", flag);
+        return std::nullopt;
+      }
+      return static_cast<std::int64_t>(n);
+    };
+    if (a == "--smoke") {
+      o.smoke = true;
+    } else if (a == "--case") {
+      const auto v = value();
+      if (!v || std::find(known.begin(), known.end(), *v) == known.end()) {
+        fmt::print(stderr, "bench_fit: --case needs one of cnn, mlp, tiny, many_fits, naive_cnn\n");
+        return std::nullopt;
+      }
+      o.only_case = *v;
+    } else if (a == "--reps") {
+      const auto n = positive(a);
+      if (!n) return std::nullopt;
+      o.reps = static_cast<int>(*n);
+    } else if (a == "--batches") {
+      const auto n = positive(a);
+      if (!n) return std::nullopt;
+      o.batches = *n;
+    } else if (a == "--baton-cnn") {  // hidden: one side of naive_cnn
+      o.mode = Mode::baton_cnn;
+    } else if (a == "--naive-handwritten-cnn") {  // hidden: the other side of naive_cnn
+      o.mode = Mode::naive_handwritten_cnn;
+    } else if (a == "--help" || a == "-h") {
+      usage(stdout);
+      std::exit(0);
+    } else {
+      fmt::print(stderr, "bench_fit: unknown argument \"{}\"\n", a);
+      return std::nullopt;
+    }
+  }
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------- data
+
+/// Fashion-MNIST train, or (when its files are missing) a synthetic dataset of the same shape.
+/// Says which on `log`.
+baton::Dataset load_train(std::FILE* log) {
+  auto real = baton::data::fashion_mnist(baton::Split::train);
+  if (real) {
+    fmt::print(log, "# data: {} ({} samples, inputs [{}, 1, 28, 28] float32)\n", real->name,
+               real->size(), real->size());
+    return *real;
+  }
+  constexpr std::int64_t n = 60000;
+  fmt::print(log,
+             "# data: Fashion-MNIST unavailable ({}); using SYNTHETIC data of the same shape: "
+             "inputs randn [{}, 1, 28, 28], labels uniform in [0, 10)\n",
+             real.error().to_string(), n);
+  torch::manual_seed(1234);
+  auto inputs = torch::randn({n, 1, 28, 28});
+  auto targets = torch::randint(0, 10, {n}, torch::kLong);
+  auto ds = baton::make_dataset(std::move(inputs), std::move(targets), "synthetic-fashion-mnist-shape");
+  if (!ds) die("synthetic data", ds.error());
+  return *ds;
+}
+
+// ------------------------------------------------------------------------------ the two sides
+
+baton::TrainingSpec make_spec(const std::string& name, const baton::Dataset& data, std::int64_t batch) {
+  baton::TrainingSpec spec;
+  spec.name = name;
+  spec.data = {.train = data, .batch_size = batch, .shuffle = true, .drop_last = false};
+  spec.loss = baton::loss::cross_entropy();
+  spec.optimizer = baton::optim::sgd({.lr = kLr, .momentum = kMomentum});
+  spec.duration = baton::Time::batches(1);
+  return spec;
+}
+
+baton::TrainState fresh_state(const baton::ModelFactory& factory) {
+  auto st = baton::init_state(factory, {.seed = kSeed, .max_duration = baton::Time::batches(kMaxBatches)});
+  if (!st) die("init_state", st.error());
+  return std::move(*st);
+}
+
+/// baton's side: `fit` for a number of batches, the state moved through.
+class BatonSide {
+ public:
+  BatonSide(baton::TrainingSpec spec, baton::TrainState state)
+      : spec_(std::move(spec)), state_(std::move(state)) {}
+
+  /// Trains `steps` batches with one call of fit; returns {samples, seconds}.
+  std::pair<std::int64_t, double> train(std::int64_t steps) {
+    const auto spec = spec_.with_duration(baton::Time::batches(steps));  // built before the clock
+    const std::int64_t before = state_.time.sample;
+    const auto t0 = Clock::now();
+    auto r = baton::fit(spec, std::move(state_));
+    if (!r) die("fit", r.error());
+    state_ = std::move(*r);
+    const double secs = seconds_since(t0);
+    return {state_.time.sample - before, secs};
+  }
+
+  [[nodiscard]] const baton::TrainState& state() const { return state_; }
+
+ private:
+  baton::TrainingSpec spec_;
+  baton::TrainState state_;
+};
+
+/// The hand-written loop: torch::optim::SGD, a permutation per epoch, index_select, forward,
+/// cross_entropy, zero_grad, backward, step. No loss.item() (see the file comment).
+class Handwritten {
+ public:
+  Handwritten(baton::Model model, const baton::Dataset& data, std::int64_t batch)
+      : model_(std::move(model)),
+        inputs_(data.inputs),
+        targets_(data.targets),
+        n_(data.size()),
+        batch_(batch),
+        optimizer_(model_.module->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum)) {
+    model_.module->train(true);
+  }
+
+  /// Trains `steps` batches; returns {samples, seconds}.
+  std::pair<std::int64_t, double> train(std::int64_t steps) {
+    std::int64_t seen = 0;
+    const auto t0 = Clock::now();
+    for (std::int64_t i = 0; i < steps; ++i) {
+      if (pos_ >= n_) {  // epoch end
+        ++epoch_;
+        pos_ = 0;
+        order_ = torch::Tensor();
+      }
+      if (!order_.defined()) order_ = baton::data::epoch_order(n_, kSeed, epoch_);
+      const std::int64_t take = std::min(batch_, n_ - pos_);
+      const auto idx = order_.narrow(0, pos_, take);
+      const auto x = inputs_.index_select(0, idx);
+      const auto y = targets_.index_select(0, idx);
+      const auto out = model_.forward(x);
+      const auto loss = torch::nn::functional::cross_entropy(out, y);
+      optimizer_.zero_grad();
+      loss.backward();
+      optimizer_.step();
+      pos_ += take;
+      seen += take;
+    }
+    return {seen, seconds_since(t0)};
+  }
+
+  [[nodiscard]] const baton::Model& model() const { return model_; }
+
+ private:
+  baton::Model model_;
+  torch::Tensor inputs_, targets_;
+  std::int64_t n_, batch_;
+  torch::optim::SGD optimizer_;
+  torch::Tensor order_;
+  std::int64_t epoch_ = 0, pos_ = 0;
+};
+
+/// Largest absolute difference between the two sides' parameters (same names, same order).
+double max_param_diff(const torch::nn::Module& a, const torch::nn::Module& b) {
+  const auto pa = a.named_parameters();
+  const auto pb = b.named_parameters();
+  double d = 0;
+  for (const auto& item : pa) {
+    const auto* other = pb.find(item.key());
+    if (other == nullptr) return std::numeric_limits<double>::infinity();
+    d = std::max(d, (item.value() - *other).abs().max().item<double>());
+  }
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------- cases
+
+struct PairCase {
+  std::string name;
+  baton::ModelFactory factory;
+  std::int64_t batch;
+  std::int64_t batches;  // per timed repetition (full run)
+  std::int64_t smoke_batches;
+};
+
+struct Settings {
+  int reps;
+  std::int64_t warmup;
+  bool smoke;
+  std::optional<std::int64_t> batches;
+};
+
+std::int64_t batches_for(const PairCase& c, const Settings& s) {
+  if (s.batches) return *s.batches;
+  return s.smoke ? c.smoke_batches : c.batches;
+}
+
+void run_pair_case(const PairCase& c, const baton::Dataset& data, const Settings& s) {
+  const std::int64_t steps = batches_for(c, s);
+  baton::TrainState state = fresh_state(c.factory);
+  baton::TrainState copy = state;  // deep copy: the hand-written side starts from the same weights
+  BatonSide bat(make_spec(c.name, data, c.batch), std::move(state));
+  Handwritten hand(std::move(copy.model), data, c.batch);
+
+  bat.train(s.warmup);
+  hand.train(s.warmup);
+  std::vector<double> bat_sps, hand_sps;
+  for (int r = 0; r < s.reps; ++r) {
+    const auto [bn, bt] = bat.train(steps);
+    bat_sps.push_back(static_cast<double>(bn) / bt);
+    const auto [hn, ht] = hand.train(steps);
+    hand_sps.push_back(static_cast<double>(hn) / ht);
+  }
+  const double x = median(bat_sps), y = median(hand_sps);
+  fmt::print("{} baton_samples_per_s={:.1f} handwritten_samples_per_s={:.1f} ratio={:.3f} peak_rss_mb={:.1f}\n",
+             c.name, x, y, x / y, peak_rss_mb());
+  fmt::print("#   {}: batch {}, {} warm-up + {} x {} timed batches per side; per-rep samples/s baton [{:.1f}] "
+             "handwritten [{:.1f}]; max |param diff| after equal steps = {:.3g}\n",
+             c.name, c.batch, s.warmup, s.reps, steps, fmt::join(bat_sps, ", "), fmt::join(hand_sps, ", "),
+             max_param_diff(*bat.state().model.module, *hand.model().module));
+  std::fflush(stdout);
+}
+
+void run_many_fits(const baton::Dataset& data, const Settings& s) {
+  const std::int64_t fits = s.batches ? *s.batches : (s.smoke ? 50 : 1000);
+  const auto spec = make_spec("many_fits", data, 128);
+  const auto one_batch = spec.with_duration(baton::Time::batches(1));
+  const auto all_batches = spec.with_duration(baton::Time::batches(fits));
+  baton::TrainState state = fresh_state(baton::models::mlp({784, 256, 128, 10}));
+
+  auto chained = [&](std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      auto r = baton::fit(one_batch, std::move(state));
+      if (!r) die("fit", r.error());
+      state = std::move(*r);
+    }
+  };
+  chained(s.warmup);
+  std::vector<double> many_s, one_s;
+  for (int r = 0; r < s.reps; ++r) {
+    auto t0 = Clock::now();
+    chained(fits);
+    many_s.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    auto res = baton::fit(all_batches, std::move(state));
+    if (!res) die("fit", res.error());
+    state = std::move(*res);
+    one_s.push_back(seconds_since(t0));
+  }
+  const double a = median(many_s), b = median(one_s);
+  fmt::print("many_fits baton_{}_fits_s={:.3f} baton_one_fit_s={:.3f} ratio={:.3f}\n", fits, a, b, a / b);
+  fmt::print("#   many_fits: mlp batch 128, {} fits of 1ba vs one fit of {}ba, {} reps; per-rep s chained [{:.3f}] "
+             "one [{:.3f}]; target ratio <= 1.10; state.history has {} records\n",
+             fits, fits, s.reps, fmt::join(many_s, ", "), fmt::join(one_s, ", "), state.history.size());
+  std::fflush(stdout);
+}
+
+// ------------------------------------------------------------------- naive_cnn (two processes)
+
+constexpr std::int64_t kCnnBatch = 128;
+constexpr std::int64_t kNaiveBatches = 40;
+constexpr std::int64_t kNaiveSmokeBatches = 3;
+
+/// Child process, either side: trains the CNN and prints "samples_per_s=<x> threads=<t>".
+int run_cnn_child(Mode mode, const Settings& s) {
+  const std::int64_t steps = s.batches ? *s.batches : (s.smoke ? kNaiveSmokeBatches : kNaiveBatches);
+  if (mode == Mode::baton_cnn) {
+    auto rt = baton::configure_runtime();
+    if (!rt) die("configure_runtime", rt.error());
+    fmt::print(stderr, "#   naive_cnn baton process: {}\n", rt->to_string());
+  } else {
+    fmt::print(stderr, "#   naive_cnn handwritten process: LibTorch defaults, {} intra-op threads\n",
+               torch::get_num_threads());
+  }
+  const baton::Dataset data = load_train(stderr);
+  baton::TrainState state = fresh_state(baton::models::small_cnn());
+  std::vector<double> sps;
+  if (mode == Mode::baton_cnn) {
+    BatonSide bat(make_spec("cnn", data, kCnnBatch), std::move(state));
+    bat.train(s.warmup);
+    for (int r = 0; r < s.reps; ++r) {
+      const auto [n, t] = bat.train(steps);
+      sps.push_back(static_cast<double>(n) / t);
+    }
+  } else {
+    Handwritten hand(std::move(state.model), data, kCnnBatch);
+    hand.train(s.warmup);
+    for (int r = 0; r < s.reps; ++r) {
+      const auto [n, t] = hand.train(steps);
+      sps.push_back(static_cast<double>(n) / t);
+    }
+  }
+  fmt::print("samples_per_s={:.3f} threads={} peak_rss_mb={:.1f}\n", median(sps), torch::get_num_threads(),
+             peak_rss_mb());
+  return 0;
+}
+
+struct ChildOutput {
+  bool ok = false;
+  std::string out;
+  std::string why;
+};
+
+/// Runs this program again (/proc/self/exe) with `args`, capturing its stdout (stderr passes
+/// through).
+ChildOutput run_self(const std::vector<std::string>& args) {
+  std::string exe = "/proc/self/exe";
+  std::vector<std::string> storage = args;
+  std::vector<char*> argv;
+  argv.push_back(exe.data());
+  for (auto& a : storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  int fds[2];
+  if (pipe(fds) != 0) return {false, {}, fmt::format("pipe: {}", std::strerror(errno))};
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return {false, {}, fmt::format("fork: {}", std::strerror(errno))};
+  }
+  if (pid == 0) {  // child: only async-signal-safe calls until exec
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  ChildOutput res;
+  char buf[4096];
+  for (;;) {
+    const ssize_t k = read(fds[0], buf, sizeof buf);
+    if (k > 0) {
+      res.out.append(buf, static_cast<std::size_t>(k));
+    } else if (k < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
+    }
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    res.ok = true;
+  } else {
+    res.why = WIFEXITED(status) ? fmt::format("exit status {}", WEXITSTATUS(status))
+                                : fmt::format("killed by signal {}", WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+  }
+  return res;
+}
+
+/// The number after "key=" in `text`; NaN when absent.
+double field(const std::string& text, std::string_view key) {
+  const auto at = text.find(std::string(key) + "=");
+  if (at == std::string::npos) return std::nan("");
+  const char* begin = text.c_str() + at + key.size() + 1;
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  return end == begin ? std::nan("") : v;
+}
+
+bool run_naive_cnn(const Settings& s) {
+  std::vector<std::string> common = {"--reps", std::to_string(s.reps)};
+  if (s.smoke) common.emplace_back("--smoke");
+  if (s.batches) common.insert(common.end(), {"--batches", std::to_string(*s.batches)});
+  auto with = [&](std::string flag) {
+    auto v = common;
+    v.insert(v.begin(), std::move(flag));
+    return v;
+  };
+  const ChildOutput b = run_self(with("--baton-cnn"));
+  const ChildOutput h = run_self(with("--naive-handwritten-cnn"));
+  const double x = b.ok ? field(b.out, "samples_per_s") : std::nan("");
+  const double y = h.ok ? field(h.out, "samples_per_s") : std::nan("");
+  if (!std::isfinite(x) || !std::isfinite(y) || y <= 0) {
+    fmt::print("naive_cnn error: baton process {} ({}), handwritten process {} ({})\n", b.ok ? "ok" : "failed",
+               b.ok ? b.out : b.why, h.ok ? "ok" : "failed", h.ok ? h.out : h.why);
+    return false;
+  }
+  fmt::print("naive_cnn baton_samples_per_s={:.1f} handwritten_samples_per_s={:.1f} ratio={:.3f}\n", x, y, x / y);
+  fmt::print("#   naive_cnn: separate processes, batch {}, {} reps; baton {} intra-op threads, peak {:.1f} MB; "
+             "handwritten (LibTorch defaults) {} intra-op threads, peak {:.1f} MB\n",
+             kCnnBatch, s.reps, field(b.out, "threads"), field(b.out, "peak_rss_mb"), field(h.out, "threads"),
+             field(h.out, "peak_rss_mb"));
+  std::fflush(stdout);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto opts = parse_args(argc, argv);
+  if (!opts) {
+    usage(stderr);
+    return 2;
+  }
+  const Settings settings{
+      .reps = opts->reps.value_or(opts->smoke ? 1 : 3),
+      .warmup = opts->smoke ? 3 : 20,
+      .smoke = opts->smoke,
+      .batches = opts->batches,
+  };
+  if (opts->mode != Mode::main) return run_cnn_child(opts->mode, settings);
+
+  // The same process settings for both sides of every in-process ratio.
+  auto rt = baton::configure_runtime();
+  if (!rt) {
+    fmt::print("# configure_runtime failed: {}; continuing without requiring OpenBLAS (figures are not "
+               "representative)\n",
+               rt.error().to_string());
+    rt = baton::configure_runtime({.require_openblas = false});
+    if (!rt) die("configure_runtime", rt.error());
+  }
+  fmt::print("{}\n", rt->to_string());
+  fmt::print("# bench_fit{}: seed {}, SGD lr {} momentum {}, {} rep(s), {} warm-up batches per side\n",
+             settings.smoke ? " --smoke" : "", kSeed, kLr, kMomentum, settings.reps, settings.warmup);
+  std::fflush(stdout);
+
+  const auto wanted = [&](std::string_view name) { return opts->only_case.empty() || opts->only_case == name; };
+  const bool need_data = opts->only_case != "naive_cnn";
+  const baton::Dataset data = need_data ? load_train(stdout) : baton::Dataset{};
+
+  // Ascending peak memory, so that each case's peak_rss_mb is about its own (see the top).
+  const std::vector<PairCase> cases = {
+      {"tiny", baton::models::mlp({784, 32, 10}), 32, 2000, 50},
+      {"mlp", baton::models::mlp({784, 256, 128, 10}), 128, 300, 10},
+  };
+  for (const auto& c : cases)
+    if (wanted(c.name)) run_pair_case(c, data, settings);
+  if (wanted("many_fits")) run_many_fits(data, settings);
+  if (wanted("cnn")) run_pair_case({"cnn", baton::models::small_cnn(), kCnnBatch, 60, 3}, data, settings);
+  bool ok = true;
+  if (wanted("naive_cnn")) ok = run_naive_cnn(settings);
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,15 @@
+#pragma once
+/// \file baton.hpp
+/// Everything of baton's public API.
+
+#include "baton/data.hpp"
+#include "baton/error.hpp"
+#include "baton/eval.hpp"
+#include "baton/fit.hpp"
+#include "baton/loss.hpp"
+#include "baton/model.hpp"
+#include "baton/optim.hpp"
+#include "baton/runtime.hpp"
+#include "baton/spec.hpp"
+#include "baton/state.hpp"
+#include "baton/time.hpp"

@@ -1,0 +1,78 @@
+#pragma once
+/// \file data.hpp
+/// In-memory datasets, MNIST-format IDX files (plain or .gz), Fashion-MNIST from the Debian
+/// package dataset-fashion-mnist, and the data order: a pure function of (seed, epoch).
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <torch/types.h>
+
+#include "baton/error.hpp"
+
+namespace baton {
+
+/// A dataset held in memory: `inputs[i]` and `targets[i]` form sample i. Tensors are shared,
+/// never written by baton: copying a Dataset is cheap and safe.
+struct Dataset {
+  torch::Tensor inputs;   ///< [N, ...] floating point
+  torch::Tensor targets;  ///< [N] int64 class indices, or [N, ...] floating for regression
+  std::string name;       ///< used in messages, e.g. "fashion-mnist/train"
+
+  [[nodiscard]] std::int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
+
+  /// Checks that both tensors are defined, non-empty and have the same first dimension.
+  [[nodiscard]] Expected<void> validate() const;
+
+  /// The first `n` samples (all of them if `n >= size()`), sharing memory with this dataset.
+  [[nodiscard]] Dataset head(std::int64_t n) const;
+};
+
+/// Builds a dataset from tensors, checking that they agree (see `Dataset::validate`).
+Expected<Dataset> make_dataset(torch::Tensor inputs, torch::Tensor targets, std::string name);
+
+/// One batch as the model sees it.
+struct Batch {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+};
+
+/// Which part of a dataset with a fixed train/test split.
+enum class Split { train, test };
+
+namespace data {
+
+/// Reads an IDX file (the MNIST format: magic, dims, big-endian sizes, payload), plain or
+/// gzip-compressed (detected from the content, not the name). Returns the payload as a tensor of
+/// the file's element type and shape. Missing, truncated or malformed files are errors naming
+/// the file and what is wrong.
+Expected<torch::Tensor> read_idx(const std::filesystem::path& path);
+
+/// Options for MNIST-format image/label pairs.
+struct ImageOptions {
+  bool normalize = true;  ///< scale to [0,1] then standardize with `mean` and `std`
+  double mean = 0.2860;   ///< Fashion-MNIST train mean (of pixels in [0,1])
+  double std = 0.3530;    ///< Fashion-MNIST train standard deviation
+};
+
+/// An image dataset from an IDX image file ([N, H, W] uint8) and an IDX label file ([N] uint8):
+/// inputs are float32 [N, 1, H, W], targets int64 [N].
+Expected<Dataset> idx_images(const std::filesystem::path& images, const std::filesystem::path& labels,
+                             std::string name, const ImageOptions& options = {});
+
+/// Where dataset-fashion-mnist installs its files.
+inline const std::filesystem::path fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+
+/// Fashion-MNIST (60,000 train / 10,000 test 28x28 grey images, 10 classes) from `dir`.
+Expected<Dataset> fashion_mnist(Split split, const std::filesystem::path& dir = fashion_mnist_dir,
+                                const ImageOptions& options = {});
+
+/// The order in which epoch `epoch` visits a dataset of `size` samples: a permutation of
+/// [0, size) that depends only on (seed, epoch, size), identical on every platform and LibTorch
+/// version (its own SplitMix64 + Fisher-Yates, not torch::randperm). With `shuffle == false`, the
+/// identity. int64 tensor of shape [size].
+torch::Tensor epoch_order(std::int64_t size, std::uint64_t seed, std::int64_t epoch, bool shuffle = true);
+
+}  // namespace data
+}  // namespace baton

@@ -1,0 +1,33 @@
+#pragma once
+/// \file eval.hpp
+/// Evaluation: metrics on named datasets. Changes nothing (the model is put in eval mode for the
+/// call and restored; no gradients; no buffers updated).
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "baton/data.hpp"
+#include "baton/error.hpp"
+#include "baton/loss.hpp"
+#include "baton/state.hpp"
+
+namespace baton {
+
+/// What to evaluate. Metrics per set: "loss" (the mean of `loss` over samples), and for int64
+/// class targets "accuracy" and "top<k>_accuracy" for each k in `top_k`.
+struct EvalSpec {
+  std::vector<std::pair<std::string, Dataset>> sets{};
+  Loss loss = baton::loss::cross_entropy();
+  std::int64_t batch_size = 1000;
+  std::vector<std::int64_t> top_k = {5};
+};
+
+/// Metric values by set name, then metric name: `metrics["test"]["accuracy"]`.
+using Metrics = std::map<std::string, std::map<std::string, double>>;
+
+Expected<Metrics> eval(const EvalSpec& spec, const TrainState& state);
+
+}  // namespace baton

@@ -1,0 +1,74 @@
+#pragma once
+/// \file model.hpp
+/// How baton holds a user's model: a module plus its forward function, made by a factory.
+///
+/// Requirements on a user module: it is a `torch::nn::Module` (or a `ModuleHolder` such as
+/// `torch::nn::Sequential`) with `torch::Tensor forward(torch::Tensor)`, and a factory (any
+/// callable returning it) builds it with the same parameter and buffer names each time. baton
+/// uses the factory to make the independent copies a value `TrainState` needs (then copies the
+/// tensors over), so the module need not be `Cloneable`.
+
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+namespace baton {
+
+/// A module and how to call it.
+struct Model {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+};
+
+/// Makes a fresh Model. Must build the same architecture every time.
+using ModelFactory = std::function<Model()>;
+
+namespace detail {
+template <class M>
+std::shared_ptr<typename M::ContainedType> module_ptr(M&& holder) { return holder.ptr(); }
+template <class T>
+std::shared_ptr<T> module_ptr(std::shared_ptr<T> p) { return p; }
+}  // namespace detail
+
+/// Wraps a callable returning a module holder (`torch::nn::Sequential`, `torch::nn::Linear`,
+/// a `TORCH_MODULE` of your own) or a `std::shared_ptr<YourModule>` into a `ModelFactory`.
+///
+/// ```cpp
+/// auto factory = baton::model_factory([] { return torch::nn::Sequential(torch::nn::Linear(4, 2)); });
+/// ```
+template <class F>
+ModelFactory model_factory(F make) {
+  return [make = std::move(make)]() -> Model {
+    auto ptr = detail::module_ptr(make());
+    std::shared_ptr<torch::nn::Module> base = ptr;
+    return Model{std::move(base), [p = std::move(ptr)](const torch::Tensor& x) { return p->forward(x); }};
+  };
+}
+
+namespace models {
+
+/// A multi-layer perceptron over flattened inputs: widths {784, 256, 128, 10} gives
+/// Flatten, Linear(784,256), ReLU, Linear(256,128), ReLU, Linear(128,10).
+ModelFactory mlp(std::vector<std::int64_t> widths);
+
+/// Options of the small CNN for 28x28 single-channel images.
+struct SmallCnnOptions {
+  std::int64_t channels1 = 32;
+  std::int64_t channels2 = 64;
+  std::int64_t hidden = 128;
+  std::int64_t classes = 10;
+  std::int64_t in_channels = 1;
+  std::int64_t image_size = 28;  ///< must be divisible by 4
+};
+
+/// Conv(3x3)-BatchNorm-ReLU-MaxPool twice, then Linear-ReLU-Linear: about 0.9 test accuracy on
+/// Fashion-MNIST after one epoch, 0.91-0.92 after three.
+ModelFactory small_cnn(SmallCnnOptions options = {});
+
+}  // namespace models
+}  // namespace baton

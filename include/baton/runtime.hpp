@@ -1,0 +1,47 @@
+#pragma once
+/// \file runtime.hpp
+/// Process settings that decide training speed on CPU, made explicit. Measured on 2-core
+/// machines: Debian's LibTorch starts with 1 intra-op thread (its cpuinfo miscounts cores);
+/// OpenBLAS's own threads fight OpenMP's; glibc returns large buffers to the OS after each step
+/// and the page faults cost up to several times the CNN epoch. One call fixes all three, and
+/// says what it did:
+///
+/// ```cpp
+/// auto rt = baton::configure_runtime();   // Expected<RuntimeReport>
+/// if (rt) std::cout << rt->to_string() << '\n';
+/// ```
+///
+/// These are process-wide settings: baton never makes this call on its own.
+
+#include <string>
+
+#include "baton/error.hpp"
+
+namespace baton {
+
+struct RuntimeOptions {
+  int threads = 0;               ///< intra-op threads; 0 = the cores this process may run on
+  int blas_threads = 1;          ///< OpenBLAS threads; 1 avoids oversubscription with OpenMP
+  bool tune_malloc = true;       ///< keep freed large buffers (mallopt) instead of unmapping
+  bool require_openblas = true;  ///< error if BLAS is not OpenBLAS (reference BLAS is ~16x slower)
+};
+
+struct RuntimeReport {
+  int threads = 0;
+  int blas_threads = 0;
+  std::string blas_library;  ///< path of the library that provides sgemm_
+  bool openblas = false;
+  bool malloc_tuned = false;
+  [[nodiscard]] std::string to_string() const;  ///< one line for a log
+};
+
+/// The cores this process may run on (sched_getaffinity), at least 1.
+int available_cores();
+
+/// Which BLAS the process resolved sgemm_ to, without changing anything.
+RuntimeReport inspect_runtime();
+
+/// Applies `options`; an error (code runtime) if OpenBLAS is required and absent.
+Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options = {});
+
+}  // namespace baton

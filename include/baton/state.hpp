@@ -1,0 +1,85 @@
+#pragma once
+/// \file state.hpp
+/// TrainState: everything a training run is, as one value.
+///
+/// Copying a TrainState gives an independent deep copy (new module, cloned tensors), like
+/// `std::vector`; moving it is free. `fit(spec, state)` leaves `state` untouched;
+/// `fit(spec, std::move(state))` costs no copy.
+///
+/// ```cpp
+/// auto state = baton::init_state(baton::models::small_cnn(), {.seed = 42, .max_duration = "6ep"_t});
+/// auto branch = *state;                    // deep copy: train it another way
+/// ```
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "baton/error.hpp"
+#include "baton/model.hpp"
+#include "baton/optim.hpp"
+#include "baton/time.hpp"
+
+namespace baton {
+
+/// One completed call of `fit` (or an interrupted one), as recorded in the state's history.
+struct StageRecord {
+  std::string name;      ///< the spec's name
+  Timestamp start;
+  Timestamp end;
+  double last_loss = 0;  ///< training loss of the last batch
+};
+
+namespace detail { struct OrderCache; }
+
+/// The whole state of a run. Fields are public, as in Flax's TrainState: read them freely;
+/// baton's functions return new states rather than changing yours.
+struct TrainState {
+  ModelFactory factory;            ///< makes the architecture (used for deep copies)
+  Model model;                     ///< parameters and buffers live in `model.module`
+  OptimizerState optimizer;        ///< moments keyed by parameter name
+  Timestamp time;                  ///< where the run is
+  torch::Tensor rng;               ///< CPU generator state used for dropout etc. during fit
+  std::uint64_t seed = 0;          ///< the run's seed: data order and RNG derive from it
+  Time max_duration;               ///< the run never trains past this (ep, ba or sp)
+  std::vector<StageRecord> history;  ///< what the run has done, one record per fit
+
+  TrainState() = default;
+  TrainState(const TrainState& other);             ///< deep copy
+  TrainState& operator=(const TrainState& other);  ///< deep copy
+  TrainState(TrainState&&) noexcept = default;
+  TrainState& operator=(TrainState&&) noexcept = default;
+  ~TrainState() = default;
+
+  /// True once `time` has reached `max_duration`: a further `fit` is an error.
+  [[nodiscard]] bool finished() const;
+
+  /// Parameters by name (shared with the module: do not modify them).
+  [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
+  /// Buffers (e.g. BatchNorm running statistics) by name.
+  [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> named_buffers() const;
+
+  /// Cached data order of the current epoch: derived from (seed, epoch), shared between copies
+  /// because it is immutable. Not part of the state's value.
+  std::shared_ptr<const detail::OrderCache> order_cache;
+};
+
+/// Options of a new run.
+struct InitOptions {
+  std::uint64_t seed = 0;                      ///< weights, data order and RNG all derive from it
+  Time max_duration = Time::epochs(1);         ///< in ep, ba or sp (not dur)
+};
+
+/// A fresh run: builds the model with the global CPU generator seeded from `options.seed` (the
+/// caller's generator state is restored afterwards), time zero, no optimizer state.
+Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& options);
+
+/// True when two states hold bit-identical parameters, buffers and optimizer state (and the same
+/// timestamp). Used by tests to check split/resume invariance.
+bool bitwise_equal(const TrainState& a, const TrainState& b);
+
+}  // namespace baton

@@ -1,0 +1,270 @@
+// Values without LibTorch work: Error, Time, TrainingSpec, optimizer options, losses.
+#include <cmath>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/nn/functional/loss.h>
+
+#include "baton/error.hpp"
+#include "baton/loss.hpp"
+#include "baton/optim.hpp"
+#include "baton/spec.hpp"
+#include "baton/time.hpp"
+#include "detail.hpp"
+
+namespace baton {
+
+// ---------------------------------------------------------------- Error
+std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::invalid_argument: return "invalid_argument";
+    case ErrorCode::invalid_time: return "invalid_time";
+    case ErrorCode::invalid_spec: return "invalid_spec";
+    case ErrorCode::io: return "io";
+    case ErrorCode::data: return "data";
+    case ErrorCode::shape_mismatch: return "shape_mismatch";
+    case ErrorCode::non_finite: return "non_finite";
+    case ErrorCode::run_finished: return "run_finished";
+    case ErrorCode::runtime: return "runtime";
+    case ErrorCode::torch: return "torch";
+  }
+  return "unknown";
+}
+
+Error Error::with_context(std::string where) const {
+  Error e = *this;
+  e.context.insert(e.context.begin(), std::move(where));
+  return e;
+}
+
+std::string Error::to_string() const {
+  std::string out;
+  for (std::size_t i = 0; i < context.size(); ++i) {
+    out += context[i];
+    out += i + 1 < context.size() ? " > " : ": ";
+  }
+  return out + fmt::format("[{}] {}", baton::to_string(code), message);
+}
+
+std::ostream& operator<<(std::ostream& os, const Error& e) { return os << e.to_string(); }
+
+namespace detail {
+std::string torch_message(const c10::Error& e) {
+  std::string msg = e.what_without_backtrace();
+  if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+  return msg;
+}
+
+std::string shape_string(const torch::Tensor& t) {
+  if (!t.defined()) return "(undefined)";
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------- Time
+std::string_view unit_suffix(TimeUnit unit) noexcept {
+  switch (unit) {
+    case TimeUnit::epoch: return "ep";
+    case TimeUnit::batch: return "ba";
+    case TimeUnit::sample: return "sp";
+    case TimeUnit::duration: return "dur";
+  }
+  return "?";
+}
+
+Expected<Time> Time::parse(std::string_view text) {
+  Time t;
+  if (detail::parse_time(text, t)) return t;
+  // Say precisely what is wrong.
+  std::string why;
+  std::size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  const std::string_view num = text.substr(0, i), suffix = text.substr(i);
+  if (text.empty()) why = "empty duration";
+  else if (text.front() == '-' || text.front() == '+') why = "durations are non-negative and unsigned";
+  else if (num.empty()) why = "no number before the unit";
+  else if (suffix.empty()) why = "missing unit";
+  else if (suffix != "ep" && suffix != "ba" && suffix != "sp" && suffix != "dur")
+    why = fmt::format("unknown unit \"{}\"", suffix);
+  else if (suffix == "dur") why = "a dur fraction must be a number in [0, 1]";
+  else if (num.find('.') != std::string_view::npos)
+    why = fmt::format("\"{}\" counts whole {}, not fractions", suffix,
+                      suffix == "ep" ? "epochs" : suffix == "ba" ? "batches" : "samples");
+  else why = "malformed number";
+  return fail(ErrorCode::invalid_time,
+              fmt::format("\"{}\": {}; expected <count>ep (epochs), <count>ba (batches), "
+                          "<count>sp (samples) or <fraction>dur (of the max duration), e.g. "
+                          "\"3ep\", \"500ba\", \"12000sp\", \"0.25dur\"",
+                          text, why));
+}
+
+std::string Time::to_string() const {
+  if (unit == TimeUnit::duration) return fmt::format("{}dur", value);
+  return fmt::format("{}{}", count(), unit_suffix(unit));
+}
+
+std::string Timestamp::to_string() const {
+  return fmt::format("epoch {} (batch {} of it, sample {} of its order), batch {}, sample {}", epoch,
+                     batch_in_epoch, sample_in_epoch, batch, sample);
+}
+
+namespace {
+// Out of line on purpose: GCC 12 misreads inlined std::string copies of literals as out of bounds
+// (-Warray-bounds false positive, GCC bug 105651).
+[[gnu::noinline]] void note(std::vector<std::string>& problems, std::string_view what) { problems.emplace_back(what); }
+}  // namespace
+
+// ---------------------------------------------------------------- Optimizer
+std::string_view Optimizer::kind() const {
+  return std::holds_alternative<SgdOptions>(options) ? "sgd" : "adam";
+}
+
+double Optimizer::lr() const {
+  return std::visit([](const auto& o) { return o.lr; }, options);
+}
+
+Optimizer Optimizer::with_lr(double lr) const {
+  Optimizer copy = *this;
+  std::visit([lr](auto& o) { o.lr = lr; }, copy.options);
+  return copy;
+}
+
+Expected<void> Optimizer::validate() const {
+  std::vector<std::string> problems;
+  auto check = [&](bool ok, std::string_view what) { if (!ok) note(problems, what); };
+  auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (const auto* s = std::get_if<SgdOptions>(&options)) {
+    check(finite_nonneg(s->lr), fmt::format("optimizer.lr: must be a finite number >= 0, got {}", s->lr));
+    check(finite_nonneg(s->momentum) && s->momentum < 1,
+          fmt::format("optimizer.momentum: must be in [0, 1), got {}", s->momentum));
+    check(finite_nonneg(s->dampening) && s->dampening <= 1,
+          fmt::format("optimizer.dampening: must be in [0, 1], got {}", s->dampening));
+    check(finite_nonneg(s->weight_decay),
+          fmt::format("optimizer.weight_decay: must be >= 0, got {}", s->weight_decay));
+    check(!s->nesterov || (s->momentum > 0 && s->dampening == 0),
+          "optimizer.nesterov: needs momentum > 0 and dampening = 0 (set momentum, e.g. 0.9)");
+  } else {
+    const auto& a = std::get<AdamOptions>(options);
+    check(finite_nonneg(a.lr), fmt::format("optimizer.lr: must be a finite number >= 0, got {}", a.lr));
+    check(finite_nonneg(a.beta1) && a.beta1 < 1, fmt::format("optimizer.beta1: must be in [0, 1), got {}", a.beta1));
+    check(finite_nonneg(a.beta2) && a.beta2 < 1, fmt::format("optimizer.beta2: must be in [0, 1), got {}", a.beta2));
+    check(std::isfinite(a.eps) && a.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", a.eps));
+    check(finite_nonneg(a.weight_decay),
+          fmt::format("optimizer.weight_decay: must be >= 0, got {}", a.weight_decay));
+  }
+  if (problems.empty()) return {};
+  return fail(ErrorCode::invalid_spec, fmt::format("{}", fmt::join(problems, "; ")));
+}
+
+namespace optim {
+Optimizer sgd(SgdOptions options) { return Optimizer{options}; }
+Optimizer adam(AdamOptions options) { return Optimizer{options}; }
+}  // namespace optim
+
+// ---------------------------------------------------------------- Losses
+namespace loss {
+Loss cross_entropy() {
+  return Loss{"cross_entropy", [](const torch::Tensor& out, const torch::Tensor& target) {
+                if (out.dim() != 2 || target.dim() != 1 || out.size(0) != target.size(0)) {
+                  detail::raise(ErrorCode::shape_mismatch,
+                                fmt::format("cross_entropy needs model output [batch, classes] and "
+                                            "targets [batch]; got output {} and targets {}",
+                                            detail::shape_string(out), detail::shape_string(target)));
+                }
+                if (target.scalar_type() != torch::kLong) {
+                  detail::raise(ErrorCode::shape_mismatch,
+                                fmt::format("cross_entropy needs int64 class targets, got {}",
+                                            c10::toString(target.scalar_type())));
+                }
+                try {
+                  return torch::nn::functional::cross_entropy(out, target);
+                } catch (const c10::Error& e) {
+                  detail::raise(ErrorCode::shape_mismatch,
+                                fmt::format("cross_entropy on output {} ({} classes): {}; are the "
+                                            "labels in [0, {})?",
+                                            detail::shape_string(out), out.size(1),
+                                            detail::torch_message(e), out.size(1)));
+                }
+              }};
+}
+
+Loss mse() {
+  return Loss{"mse", [](const torch::Tensor& out, const torch::Tensor& target) {
+                if (out.sizes() != target.sizes()) {
+                  detail::raise(ErrorCode::shape_mismatch,
+                                fmt::format("mse needs output and targets of the same shape; got "
+                                            "output {} and targets {}",
+                                            detail::shape_string(out), detail::shape_string(target)));
+                }
+                return torch::mse_loss(out, target);
+              }};
+}
+
+Loss custom(std::string name, std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> fn) {
+  return Loss{std::move(name), std::move(fn)};
+}
+}  // namespace loss
+
+// ---------------------------------------------------------------- TrainingSpec
+#define BATON_WITH(fn, field, type)                        \
+  TrainingSpec TrainingSpec::fn(type v) const {            \
+    TrainingSpec copy = *this;                             \
+    copy.field = std::move(v);                             \
+    return copy;                                           \
+  }
+BATON_WITH(with_name, name, std::string)
+BATON_WITH(with_data, data, DataSpec)
+BATON_WITH(with_train_data, data.train, Dataset)
+BATON_WITH(with_batch_size, data.batch_size, std::int64_t)
+BATON_WITH(with_loss, loss, Loss)
+BATON_WITH(with_optimizer_carry, optimizer_carry, Carry)
+BATON_WITH(with_duration, duration, Time)
+BATON_WITH(with_device, device, c10::Device)
+#undef BATON_WITH
+
+TrainingSpec TrainingSpec::with_data_seed(std::uint64_t v) const {
+  TrainingSpec copy = *this;
+  copy.data_seed = v;
+  return copy;
+}
+
+TrainingSpec TrainingSpec::with_optimizer(Optimizer v, Carry carry) const {
+  TrainingSpec copy = *this;
+  copy.optimizer = std::move(v);
+  copy.optimizer_carry = carry;
+  return copy;
+}
+
+TrainingSpec TrainingSpec::with_lr(double lr) const {
+  TrainingSpec copy = *this;
+  copy.optimizer = optimizer.with_lr(lr);
+  return copy;
+}
+
+Expected<void> TrainingSpec::validate() const {
+  std::vector<std::string> problems;
+  if (auto d = data.train.validate(); !d) problems.push_back("data.train: " + d.error().message);
+  if (data.batch_size <= 0)
+    problems.push_back(fmt::format("data.batch_size: must be positive, got {}", data.batch_size));
+  if (data.drop_last && data.train.size() > 0 && data.batch_size > data.train.size())
+    problems.push_back(fmt::format(
+        "data.batch_size: {} is larger than the {} samples of \"{}\" and drop_last is set, so no "
+        "batch would ever be formed; lower the batch size or unset drop_last",
+        data.batch_size, data.train.size(), data.train.name));
+  if (!loss.fn) note(problems, "loss: no loss function set (e.g. baton::loss::cross_entropy())");
+  if (auto o = optimizer.validate(); !o) problems.push_back(o.error().message);
+  if (duration.value <= 0 || !std::isfinite(duration.value))
+    problems.push_back(fmt::format("duration: must be more than zero, got \"{}\"", duration.to_string()));
+  if (device.is_cuda() && !torch::cuda::is_available())
+    note(problems, "device: CUDA requested but this LibTorch has no CUDA device; use CPU");
+  if (!device.is_cpu() && !device.is_cuda())
+    problems.push_back(fmt::format("device: {} is not supported; use cpu or cuda", device.str()));
+  if (problems.empty()) return {};
+  return fail(ErrorCode::invalid_spec,
+              fmt::format("invalid spec \"{}\": {}", name, fmt::join(problems, "; ")));
+}
+
+}  // namespace baton

@@ -1,0 +1,202 @@
+// Datasets, the IDX reader and the data order.
+#include <array>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include "baton/data.hpp"
+#include "detail.hpp"
+
+namespace baton {
+
+Expected<void> Dataset::validate() const {
+  if (!inputs.defined() || !targets.defined())
+    return fail(ErrorCode::data, fmt::format("dataset \"{}\" has no {} tensor", name,
+                                             inputs.defined() ? "targets" : "inputs"));
+  if (inputs.dim() == 0 || targets.dim() == 0)
+    return fail(ErrorCode::data, fmt::format("dataset \"{}\": inputs and targets need a sample "
+                                             "dimension first; got inputs {} and targets {}",
+                                             name, detail::shape_string(inputs),
+                                             detail::shape_string(targets)));
+  if (inputs.size(0) != targets.size(0))
+    return fail(ErrorCode::data,
+                fmt::format("dataset \"{}\": {} inputs but {} targets (shapes {} and {})", name,
+                            inputs.size(0), targets.size(0), detail::shape_string(inputs),
+                            detail::shape_string(targets)));
+  if (inputs.size(0) == 0) return fail(ErrorCode::data, fmt::format("dataset \"{}\" is empty", name));
+  return {};
+}
+
+Dataset Dataset::head(std::int64_t n) const {
+  if (n >= size()) return *this;
+  return Dataset{inputs.narrow(0, 0, n), targets.narrow(0, 0, n), fmt::format("{}[:{}]", name, n)};
+}
+
+Expected<Dataset> make_dataset(torch::Tensor inputs, torch::Tensor targets, std::string name) {
+  Dataset d{std::move(inputs), std::move(targets), std::move(name)};
+  if (auto ok = d.validate(); !ok) return tl::unexpected(ok.error());
+  return d;
+}
+
+namespace data {
+namespace {
+
+/// Reads a whole file, gunzipping it if it is gzip (zlib reads plain files unchanged).
+Expected<std::vector<unsigned char>> read_all(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    return fail(ErrorCode::io, fmt::format("{}: no such file", path.string()));
+  if (std::filesystem::is_directory(path, ec))
+    return fail(ErrorCode::io, fmt::format("{}: is a directory, expected a file", path.string()));
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return fail(ErrorCode::io, fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
+  std::vector<unsigned char> out;
+  std::array<unsigned char, 1 << 16> buf{};
+  for (;;) {
+    const int n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()));
+    if (n < 0) {
+      int errnum = 0;
+      std::string msg = gzerror(f, &errnum);
+      gzclose(f);
+      return fail(ErrorCode::data, fmt::format("{}: corrupt compressed data: {}", path.string(), msg));
+    }
+    if (n == 0) break;
+    out.insert(out.end(), buf.begin(), buf.begin() + n);
+  }
+  int errnum = 0;
+  const char* msg = gzerror(f, &errnum);
+  if (errnum != Z_OK && errnum != Z_BUF_ERROR) {
+    std::string m = msg;
+    gzclose(f);
+    return fail(ErrorCode::data, fmt::format("{}: corrupt compressed data: {}", path.string(), m));
+  }
+  // A gzip stream cut short reads as EOF with Z_BUF_ERROR; gzclose_r reports it.
+  const int rc = gzclose(f);
+  if (rc == Z_BUF_ERROR || errnum == Z_BUF_ERROR)
+    return fail(ErrorCode::data, fmt::format("{}: truncated gzip stream (the file is cut short)", path.string()));
+  if (rc != Z_OK) return fail(ErrorCode::io, fmt::format("{}: read error", path.string()));
+  return out;
+}
+
+std::uint32_t be32(const unsigned char* p) {
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+}
+
+}  // namespace
+
+Expected<torch::Tensor> read_idx(const std::filesystem::path& path) {
+  auto bytes = read_all(path);
+  if (!bytes) return tl::unexpected(bytes.error());
+  const auto& b = *bytes;
+  const std::string where = path.string();
+  if (b.size() < 4)
+    return fail(ErrorCode::data, fmt::format("{}: {} bytes is too short for an IDX header (4-byte magic number)", where, b.size()));
+  if (b[0] != 0 || b[1] != 0)
+    return fail(ErrorCode::data, fmt::format("{}: wrong magic number 0x{:02x}{:02x}{:02x}{:02x}: not an IDX "
+                                             "file (expected 0x0000 then type and rank bytes)",
+                                             where, b[0], b[1], b[2], b[3]));
+  torch::ScalarType type{};
+  std::size_t elem = 1;
+  switch (b[2]) {
+    case 0x08: type = torch::kUInt8; elem = 1; break;
+    case 0x09: type = torch::kInt8; elem = 1; break;
+    case 0x0B: type = torch::kInt16; elem = 2; break;
+    case 0x0C: type = torch::kInt32; elem = 4; break;
+    case 0x0D: type = torch::kFloat32; elem = 4; break;
+    case 0x0E: type = torch::kFloat64; elem = 8; break;
+    default:
+      return fail(ErrorCode::data, fmt::format("{}: unknown IDX element type 0x{:02x} (valid: 0x08 "
+                                               "uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64)",
+                                               where, b[2]));
+  }
+  const std::size_t rank = b[3];
+  if (rank == 0) return fail(ErrorCode::data, fmt::format("{}: IDX rank 0 (no dimensions)", where));
+  if (b.size() < 4 + 4 * rank)
+    return fail(ErrorCode::data, fmt::format("{}: truncated header: {} dimensions need {} bytes, the file has {}",
+                                             where, rank, 4 + 4 * rank, b.size()));
+  std::vector<std::int64_t> dims;
+  std::uint64_t count = 1;
+  for (std::size_t i = 0; i < rank; ++i) {
+    const std::uint32_t d = be32(&b[4 + 4 * i]);
+    dims.push_back(d);
+    count *= d;
+    if (count > (std::uint64_t{1} << 40))
+      return fail(ErrorCode::data, fmt::format("{}: header claims more than 2^40 elements", where));
+  }
+  const std::size_t header = 4 + 4 * rank;
+  const std::uint64_t need = count * elem;
+  const std::uint64_t have = b.size() - header;
+  if (have < need)
+    return fail(ErrorCode::data, fmt::format("{}: truncated: dims {} need {} payload bytes, the file has {}",
+                                             where, fmt::join(dims, "x"), need, have));
+  if (have > need)
+    return fail(ErrorCode::data, fmt::format("{}: {} unexpected bytes after the payload of dims {}",
+                                             where, have - need, fmt::join(dims, "x")));
+  auto t = torch::empty(dims, torch::TensorOptions().dtype(type));
+  auto* dst = static_cast<unsigned char*>(t.data_ptr());
+  const unsigned char* src = b.data() + header;
+  if (elem == 1) {
+    std::memcpy(dst, src, need);
+  } else {  // IDX is big-endian
+    for (std::uint64_t i = 0; i < count; ++i)
+      for (std::size_t k = 0; k < elem; ++k) dst[i * elem + k] = src[i * elem + (elem - 1 - k)];
+  }
+  return t;
+}
+
+Expected<Dataset> idx_images(const std::filesystem::path& images, const std::filesystem::path& labels,
+                             std::string name, const ImageOptions& options) {
+  return detail::guard([&]() -> Expected<Dataset> {
+    auto x = read_idx(images);
+    if (!x) return tl::unexpected(x.error().with_context("dataset \"" + name + "\""));
+    auto y = read_idx(labels);
+    if (!y) return tl::unexpected(y.error().with_context("dataset \"" + name + "\""));
+    if (x->dim() != 3 || x->scalar_type() != torch::kUInt8)
+      return fail(ErrorCode::data, fmt::format("{}: expected uint8 images [N, H, W], got {} of {}",
+                                               images.string(), c10::toString(x->scalar_type()),
+                                               detail::shape_string(*x)));
+    if (y->dim() != 1)
+      return fail(ErrorCode::data, fmt::format("{}: expected labels [N], got {}", labels.string(),
+                                               detail::shape_string(*y)));
+    if (x->size(0) != y->size(0))
+      return fail(ErrorCode::data, fmt::format("{} has {} images but {} has {} labels", images.string(),
+                                               x->size(0), labels.string(), y->size(0)));
+    auto inputs = x->unsqueeze(1).to(torch::kFloat32).div_(255.0);
+    if (options.normalize) inputs.sub_(options.mean).div_(options.std);
+    return make_dataset(std::move(inputs), y->to(torch::kLong), std::move(name));
+  });
+}
+
+Expected<Dataset> fashion_mnist(Split split, const std::filesystem::path& dir, const ImageOptions& options) {
+  const bool train = split == Split::train;
+  const std::string prefix = train ? "train" : "t10k";
+  auto ds = idx_images(dir / (prefix + "-images-idx3-ubyte.gz"), dir / (prefix + "-labels-idx1-ubyte.gz"),
+                       train ? "fashion-mnist/train" : "fashion-mnist/test", options);
+  if (!ds && ds.error().code == ErrorCode::io)
+    return tl::unexpected(ds.error().with_context(
+        "fashion-mnist (install the Debian package dataset-fashion-mnist, or pass its directory)"));
+  return ds;
+}
+
+torch::Tensor epoch_order(std::int64_t size, std::uint64_t seed, std::int64_t epoch, bool shuffle) {
+  auto order = torch::empty({size}, torch::kLong);
+  auto* p = order.data_ptr<std::int64_t>();
+  std::iota(p, p + size, std::int64_t{0});
+  if (!shuffle) return order;
+  std::uint64_t x = seed ^ 0x6261746F6E2D6461ULL;  // "baton-da"
+  const std::uint64_t mixed = detail::splitmix64(x) ^ static_cast<std::uint64_t>(epoch);
+  std::uint64_t s = mixed;
+  for (std::int64_t i = size - 1; i > 0; --i) {
+    // Multiply-shift maps 64 random bits onto [0, i]; bias below 2^-40 for any dataset size.
+    const auto r = static_cast<std::uint64_t>(
+        (static_cast<unsigned __int128>(detail::splitmix64(s)) * static_cast<std::uint64_t>(i + 1)) >> 64);
+    std::swap(p[i], p[r]);
+  }
+  return order;
+}
+
+}  // namespace data
+}  // namespace baton

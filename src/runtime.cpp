@@ -1,0 +1,85 @@
+// Process runtime settings: threads, BLAS, malloc. Explicit, reported, never implicit.
+#include <dlfcn.h>
+#include <malloc.h>
+#include <sched.h>
+
+#include <filesystem>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include "baton/runtime.hpp"
+
+namespace baton {
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc > 0 ? static_cast<int>(hc) : 1;
+}
+
+RuntimeReport inspect_runtime() {
+  RuntimeReport r;
+  r.threads = at::get_num_threads();
+  std::string loaded_as;
+  if (void* sym = dlsym(RTLD_DEFAULT, "sgemm_")) {
+    Dl_info info{};
+    if (dladdr(sym, &info) != 0 && info.dli_fname != nullptr) {
+      loaded_as = info.dli_fname;
+      std::error_code ec;  // libblas.so.3 is an alternatives link: report what it points to
+      const auto real = std::filesystem::canonical(info.dli_fname, ec);
+      r.blas_library = ec ? std::string(info.dli_fname) : real.string();
+    }
+  }
+  // OpenBLAS exports openblas_get_config; the reference BLAS does not. The library that sgemm_
+  // resolves to must be OpenBLAS itself (its path names it, or it exports the OpenBLAS API).
+  using get_threads_fn = int (*)();
+  void* handle = loaded_as.empty() ? nullptr : dlopen(loaded_as.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (handle != nullptr) {
+    if (dlsym(handle, "openblas_get_config") != nullptr) r.openblas = true;
+    dlclose(handle);
+  }
+  if (auto* get_threads = reinterpret_cast<get_threads_fn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
+    r.blas_threads = get_threads();
+  return r;
+}
+
+Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options) {
+  RuntimeReport before = inspect_runtime();
+  if (options.require_openblas && !before.openblas)
+    return fail(ErrorCode::runtime,
+                fmt::format("BLAS is not OpenBLAS (sgemm_ comes from \"{}\"): LibTorch would run about "
+                            "16x slower on reference BLAS. Install libopenblas0 (apt-get install "
+                            "libopenblas0) or select it with update-alternatives --config "
+                            "libblas.so.3-x86_64-linux-gnu",
+                            before.blas_library.empty() ? "nowhere" : before.blas_library));
+  const int threads = options.threads > 0 ? options.threads : available_cores();
+  at::set_num_threads(threads);
+  using set_threads_fn = void (*)(int);
+  if (auto* set_blas = reinterpret_cast<set_threads_fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    set_blas(std::max(1, options.blas_threads));
+  bool tuned = false;
+  if (options.tune_malloc) {
+    // Serve activations (up to 32 MiB, glibc's ceiling) from the heap and never trim it, so
+    // each step reuses memory instead of mmap/munmap plus page faults.
+    tuned = mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024) == 1;
+    tuned = (mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024) == 1) && tuned;
+  }
+  RuntimeReport r = inspect_runtime();
+  r.malloc_tuned = tuned;
+  return r;
+}
+
+std::string RuntimeReport::to_string() const {
+  return fmt::format("runtime: {} intra-op threads, BLAS {} ({}{}), malloc {}", threads,
+                     openblas ? "OpenBLAS" : "NOT OpenBLAS", blas_library, blas_threads > 0 ? ", " + std::to_string(blas_threads) + " threads" : std::string(),
+                     malloc_tuned ? "tuned (mmap threshold 32 MiB, no trim)" : "glibc defaults");
+}
+
+}  // namespace baton

@@ -1,0 +1,201 @@
+// TrainState as a value: deep copies, init_state, built-in models.
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "baton/model.hpp"
+#include "baton/state.hpp"
+#include "detail.hpp"
+
+namespace baton {
+namespace detail {
+
+GlobalRngScope::GlobalRngScope(const torch::Tensor& state) : gen_(at::detail::getDefaultCPUGenerator()) {
+  std::lock_guard<std::mutex> lock(gen_.mutex());
+  caller_state_ = gen_.get_state();
+  gen_.set_state(state);
+}
+
+GlobalRngScope::~GlobalRngScope() {
+  std::lock_guard<std::mutex> lock(gen_.mutex());
+  gen_.set_state(caller_state_);
+}
+
+torch::Tensor GlobalRngScope::current() const {
+  auto gen = gen_;  // shares the impl
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+torch::Tensor seeded_rng_state(std::uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+namespace {
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t stream) {
+  std::uint64_t x = seed ^ (stream * 0xD1B54A32D192ED03ULL);
+  return splitmix64(x);
+}
+
+using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+
+Named collect(const torch::OrderedDict<std::string, torch::Tensor>& d) {
+  Named out;
+  out.reserve(d.size());
+  for (const auto& item : d) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+/// Copies every tensor of `src` into the matching one of `dst` as an independent clone.
+void copy_tensors(const Named& src, const Named& dst, std::string_view what) {
+  if (src.size() != dst.size())
+    raise(ErrorCode::invalid_argument,
+          fmt::format("the model factory built {} {} but the state has {}: a factory must build the "
+                      "same architecture every time",
+                      dst.size(), what, src.size()));
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if (src[i].first != dst[i].first || src[i].second.sizes() != dst[i].second.sizes())
+      raise(ErrorCode::invalid_argument,
+            fmt::format("the model factory built {} \"{}\" {} where the state has \"{}\" {}: a factory "
+                        "must build the same architecture every time",
+                        what, dst[i].first, shape_string(dst[i].second), src[i].first,
+                        shape_string(src[i].second)));
+    if (!src[i].second.defined()) continue;
+    dst[i].second.set_data(src[i].second.detach().clone());
+  }
+}
+}  // namespace
+}  // namespace detail
+
+TrainState::TrainState(const TrainState& o)
+    : factory(o.factory),
+      optimizer(o.optimizer),
+      time(o.time),
+      rng(o.rng.defined() ? o.rng.clone() : o.rng),
+      seed(o.seed),
+      max_duration(o.max_duration),
+      history(o.history),
+      order_cache(o.order_cache) {
+  for (auto& [name, ps] : optimizer.params)
+    for (auto& t : ps.slots)
+      if (t.defined()) t = t.clone();
+  if (o.model.module) {
+    // The factory may draw from the global generator to initialize: keep the caller's intact.
+    detail::GlobalRngScope scope(detail::seeded_rng_state(0));
+    model = factory();
+    detail::copy_tensors(o.named_parameters(), named_parameters(), "parameters");
+    detail::copy_tensors(o.named_buffers(), named_buffers(), "buffers");
+    model.module->train(o.model.module->is_training());
+  }
+}
+
+TrainState& TrainState::operator=(const TrainState& o) {
+  if (this != &o) *this = TrainState(o);
+  return *this;
+}
+
+bool TrainState::finished() const {
+  switch (max_duration.unit) {
+    case TimeUnit::epoch: return time.epoch >= max_duration.count();
+    case TimeUnit::batch: return time.batch >= max_duration.count();
+    case TimeUnit::sample: return time.sample >= max_duration.count();
+    case TimeUnit::duration: return true;  // rejected by init_state
+  }
+  return true;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> TrainState::named_parameters() const {
+  if (!model.module) return {};
+  return detail::collect(model.module->named_parameters());
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> TrainState::named_buffers() const {
+  if (!model.module) return {};
+  return detail::collect(model.module->named_buffers());
+}
+
+Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& options) {
+  if (!factory) return fail(ErrorCode::invalid_argument, "init_state: no model factory given");
+  if (options.max_duration.unit == TimeUnit::duration)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("init_state: max_duration \"{}\" is a fraction of itself; give it in ep, ba or sp",
+                            options.max_duration.to_string()));
+  if (options.max_duration.value <= 0)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("init_state: max_duration must be more than zero, got \"{}\"",
+                            options.max_duration.to_string()));
+  return detail::guard([&]() -> Expected<TrainState> {
+    TrainState s;
+    s.factory = factory;
+    {
+      detail::GlobalRngScope scope(detail::seeded_rng_state(detail::derive_seed(options.seed, 1)));
+      s.model = factory();
+    }
+    if (!s.model.module || !s.model.forward)
+      return fail(ErrorCode::invalid_argument, "init_state: the model factory returned no module or no forward");
+    s.model.module->train(true);
+    s.rng = detail::seeded_rng_state(detail::derive_seed(options.seed, 2));
+    s.seed = options.seed;
+    s.max_duration = options.max_duration;
+    return s;
+  });
+}
+
+bool bitwise_equal(const TrainState& a, const TrainState& b) {
+  auto same = [](const auto& x, const auto& y) {
+    if (x.size() != y.size()) return false;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (x[i].first != y[i].first) return false;
+      if (x[i].second.defined() != y[i].second.defined()) return false;
+      if (x[i].second.defined() && !torch::equal(x[i].second, y[i].second)) return false;
+    }
+    return true;
+  };
+  if (!(a.time == b.time) || a.optimizer.kind != b.optimizer.kind) return false;
+  if (!same(a.named_parameters(), b.named_parameters()) || !same(a.named_buffers(), b.named_buffers()))
+    return false;
+  if (a.optimizer.params.size() != b.optimizer.params.size()) return false;
+  for (const auto& [name, pa] : a.optimizer.params) {
+    auto it = b.optimizer.params.find(name);
+    if (it == b.optimizer.params.end() || it->second.step != pa.step ||
+        it->second.slots.size() != pa.slots.size())
+      return false;
+    for (std::size_t i = 0; i < pa.slots.size(); ++i) {
+      const auto& x = pa.slots[i];
+      const auto& y = it->second.slots[i];
+      if (x.defined() != y.defined() || (x.defined() && !torch::equal(x, y))) return false;
+    }
+  }
+  return true;
+}
+
+namespace models {
+ModelFactory mlp(std::vector<std::int64_t> widths) {
+  return model_factory([widths] {
+    torch::nn::Sequential seq;
+    seq->push_back(torch::nn::Flatten());
+    for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+      seq->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+      if (i + 2 < widths.size()) seq->push_back(torch::nn::ReLU());
+    }
+    return seq;
+  });
+}
+
+ModelFactory small_cnn(SmallCnnOptions o) {
+  return model_factory([o] {
+    namespace nn = torch::nn;
+    const auto side = o.image_size / 4;
+    return nn::Sequential(
+        nn::Conv2d(nn::Conv2dOptions(o.in_channels, o.channels1, 3).padding(1).bias(false)),
+        nn::BatchNorm2d(o.channels1), nn::ReLU(), nn::MaxPool2d(2),
+        nn::Conv2d(nn::Conv2dOptions(o.channels1, o.channels2, 3).padding(1).bias(false)),
+        nn::BatchNorm2d(o.channels2), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
+        nn::Linear(o.channels2 * side * side, o.hidden), nn::ReLU(), nn::Linear(o.hidden, o.classes));
+  });
+}
+}  // namespace models
+
+}  // namespace baton

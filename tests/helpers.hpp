@@ -1,0 +1,51 @@
+#pragma once
+// Small models and data for tests: fast, seeded, and exercising buffers (BatchNorm) and the RNG
+// (Dropout) so that bit-for-bit checks cover everything a state holds.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <baton/baton.hpp>
+
+namespace test {
+
+/// A seeded synthetic classification set: 4 Gaussian blobs in 8 dimensions.
+inline baton::Dataset blobs(std::int64_t n, std::uint64_t seed = 7, std::string name = "blobs") {
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto y = torch::randint(0, 4, {n}, gen, torch::kLong);
+  auto centers = torch::randn({4, 8}, gen) * 2.0;
+  auto x = centers.index_select(0, y) + torch::randn({n, 8}, gen);
+  return *baton::make_dataset(x, y, std::move(name));
+}
+
+/// MLP with BatchNorm and Dropout: its state has buffers and its training draws random numbers.
+inline baton::ModelFactory bn_dropout_mlp() {
+  return baton::model_factory([] {
+    namespace nn = torch::nn;
+    return nn::Sequential(nn::Linear(8, 16), nn::BatchNorm1d(16), nn::ReLU(), nn::Dropout(0.2),
+                          nn::Linear(16, 4));
+  });
+}
+
+inline baton::TrainState new_state(std::uint64_t seed = 1, baton::Time max = baton::Time::epochs(3)) {
+  auto s = baton::init_state(bn_dropout_mlp(), {.seed = seed, .max_duration = max});
+  REQUIRE(s.has_value());
+  return std::move(*s);
+}
+
+/// 1000 samples, batch 32: 32 batches per epoch (the last one has 8 samples).
+inline baton::TrainingSpec spec(const baton::Dataset& data, baton::Time duration) {
+  return baton::TrainingSpec{
+      .name = "test",
+      .data = {.train = data, .batch_size = 32},
+      .loss = baton::loss::cross_entropy(),
+      .optimizer = baton::optim::sgd({.lr = 0.05, .momentum = 0.9}),
+      .duration = duration,
+  };
+}
+
+inline baton::TrainState ok(baton::Expected<baton::TrainState> r) {
+  if (!r) FAIL(r.error().to_string());
+  return std::move(*r);
+}
+
+}  // namespace test

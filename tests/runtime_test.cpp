@@ -1,0 +1,25 @@
+#include <ATen/Parallel.h>
+
+#include "helpers.hpp"
+
+TEST_CASE("LibTorch uses OpenBLAS, not the reference BLAS", "[runtime]") {
+  const auto r = baton::inspect_runtime();
+  INFO("sgemm_ resolves to " << r.blas_library);
+  CHECK(r.openblas);
+  CHECK_THAT(r.blas_library, Catch::Contains("openblas"));
+}
+
+TEST_CASE("configure_runtime sets threads from the real core count and reports it", "[runtime]") {
+  const int before = at::get_num_threads();
+  auto r = baton::configure_runtime({.threads = 0, .blas_threads = 1});
+  REQUIRE(r);
+  CHECK(r->threads == baton::available_cores());
+  CHECK(at::get_num_threads() == baton::available_cores());
+  CHECK(r->blas_threads == 1);
+  CHECK(r->malloc_tuned);
+  CHECK_THAT(r->to_string(), Catch::Contains("OpenBLAS"));
+  auto one = baton::configure_runtime({.threads = 1});
+  REQUIRE(one);
+  CHECK(at::get_num_threads() == 1);
+  at::set_num_threads(before);
+}
