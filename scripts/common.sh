@@ -1,0 +1,36 @@
+# Shared by scripts/main.sh and scripts/test.sh: installs what baton needs, configures, builds.
+# Safe to run again: it installs only missing packages and rebuilds only what changed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BATON_BUILD_DIR:-$ROOT/build}"
+
+# Debian bookworm packages: toolchain, LibTorch (CPU) with OpenBLAS, the libraries baton uses,
+# Catch2 for tests and the Fashion-MNIST data set.
+PACKAGES=(g++ cmake ninja-build ccache git
+          libtorch-dev libopenblas0 libexpected-dev librange-v3-dev libtomlplusplus-dev
+          libfmt-dev zlib1g-dev libcli11-dev nlohmann-json3-dev catch2 dataset-fashion-mnist)
+
+ensure_packages() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "baton: installing ${missing[*]}"
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+build() {
+  # ccache across rebuilds; the sloppiness settings let it cache precompiled-header users.
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  local jobs
+  jobs="$(nproc 2>/dev/null || echo 2)"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CXX_COMPILER_LAUNCHER=ccache "$@" >/dev/null
+  cmake --build "$BUILD_DIR" -j "$jobs"
+}
