@@ -12,6 +12,7 @@
 #include "baton/spec.hpp"
 #include "baton/time.hpp"
 #include "detail.hpp"
+#include "params_reader.hpp"
 
 namespace baton {
 
@@ -119,11 +120,16 @@ namespace {
 
 // ---------------------------------------------------------------- Optimizer
 std::string_view Optimizer::kind() const {
-  return std::holds_alternative<SgdOptions>(options) ? "sgd" : "adam";
+  static constexpr std::string_view kinds[] = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
+  return kinds[options.index()];
 }
 
 double Optimizer::lr() const {
   return std::visit([](const auto& o) { return o.lr; }, options);
+}
+
+double Optimizer::weight_decay() const {
+  return std::visit([](const auto& o) { return o.weight_decay; }, options);
 }
 
 Optimizer Optimizer::with_lr(double lr) const {
@@ -132,36 +138,108 @@ Optimizer Optimizer::with_lr(double lr) const {
   return copy;
 }
 
+Optimizer Optimizer::with_groups(std::vector<ParamGroup> g) const {
+  Optimizer copy = *this;
+  copy.groups = std::move(g);
+  return copy;
+}
+
 Expected<void> Optimizer::validate() const {
   std::vector<std::string> problems;
   auto check = [&](bool ok, std::string_view what) { if (!ok) note(problems, what); };
   auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0; };
-  if (const auto* s = std::get_if<SgdOptions>(&options)) {
-    check(finite_nonneg(s->lr), fmt::format("optimizer.lr: must be a finite number >= 0, got {}", s->lr));
-    check(finite_nonneg(s->momentum) && s->momentum < 1,
-          fmt::format("optimizer.momentum: must be in [0, 1), got {}", s->momentum));
-    check(finite_nonneg(s->dampening) && s->dampening <= 1,
-          fmt::format("optimizer.dampening: must be in [0, 1], got {}", s->dampening));
-    check(finite_nonneg(s->weight_decay),
-          fmt::format("optimizer.weight_decay: must be >= 0, got {}", s->weight_decay));
-    check(!s->nesterov || (s->momentum > 0 && s->dampening == 0),
-          "optimizer.nesterov: needs momentum > 0 and dampening = 0 (set momentum, e.g. 0.9)");
-  } else {
-    const auto& a = std::get<AdamOptions>(options);
-    check(finite_nonneg(a.lr), fmt::format("optimizer.lr: must be a finite number >= 0, got {}", a.lr));
-    check(finite_nonneg(a.beta1) && a.beta1 < 1, fmt::format("optimizer.beta1: must be in [0, 1), got {}", a.beta1));
-    check(finite_nonneg(a.beta2) && a.beta2 < 1, fmt::format("optimizer.beta2: must be in [0, 1), got {}", a.beta2));
-    check(std::isfinite(a.eps) && a.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", a.eps));
-    check(finite_nonneg(a.weight_decay),
-          fmt::format("optimizer.weight_decay: must be >= 0, got {}", a.weight_decay));
+  auto unit = [&](double v) { return finite_nonneg(v) && v < 1; };
+  check(finite_nonneg(lr()), fmt::format("optimizer.lr: must be a finite number >= 0, got {}", lr()));
+  check(finite_nonneg(weight_decay()),
+        fmt::format("optimizer.weight_decay: must be a finite number >= 0, got {}", weight_decay()));
+  std::visit(
+      [&](const auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, SgdOptions>) {
+          check(unit(o.momentum), fmt::format("optimizer.momentum: must be in [0, 1), got {}", o.momentum));
+          check(finite_nonneg(o.dampening) && o.dampening <= 1,
+                fmt::format("optimizer.dampening: must be in [0, 1], got {}", o.dampening));
+          check(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+                "optimizer.nesterov: needs momentum > 0 and dampening = 0 (set momentum, e.g. 0.9)");
+        } else if constexpr (std::is_same_v<O, AdamOptions> || std::is_same_v<O, AdamWOptions>) {
+          check(unit(o.beta1), fmt::format("optimizer.beta1: must be in [0, 1), got {}", o.beta1));
+          check(unit(o.beta2), fmt::format("optimizer.beta2: must be in [0, 1), got {}", o.beta2));
+          check(std::isfinite(o.eps) && o.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", o.eps));
+        } else if constexpr (std::is_same_v<O, RmspropOptions>) {
+          check(unit(o.alpha), fmt::format("optimizer.alpha: must be in [0, 1), got {}", o.alpha));
+          check(unit(o.momentum), fmt::format("optimizer.momentum: must be in [0, 1), got {}", o.momentum));
+          check(std::isfinite(o.eps) && o.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", o.eps));
+        } else {
+          check(finite_nonneg(o.lr_decay), fmt::format("optimizer.lr_decay: must be >= 0, got {}", o.lr_decay));
+          check(finite_nonneg(o.initial_accumulator_value),
+                fmt::format("optimizer.initial_accumulator_value: must be >= 0, got {}", o.initial_accumulator_value));
+          check(std::isfinite(o.eps) && o.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", o.eps));
+        }
+      },
+      options);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const auto& g = groups[i];
+    check(!g.patterns.empty(), fmt::format("optimizer.groups[{}]: needs at least one parameter-name pattern", i));
+    if (g.lr) check(finite_nonneg(*g.lr), fmt::format("optimizer.groups[{}].lr: must be a finite number >= 0, got {}", i, *g.lr));
+    if (g.weight_decay)
+      check(finite_nonneg(*g.weight_decay),
+            fmt::format("optimizer.groups[{}].weight_decay: must be a finite number >= 0, got {}", i, *g.weight_decay));
   }
   if (problems.empty()) return {};
   return fail(ErrorCode::invalid_spec, fmt::format("{}", fmt::join(problems, "; ")));
 }
 
 namespace optim {
-Optimizer sgd(SgdOptions options) { return Optimizer{options}; }
-Optimizer adam(AdamOptions options) { return Optimizer{options}; }
+Optimizer sgd(SgdOptions options) { return Optimizer{options, {}}; }
+Optimizer adam(AdamOptions options) { return Optimizer{options, {}}; }
+Optimizer adamw(AdamWOptions options) { return Optimizer{options, {}}; }
+Optimizer rmsprop(RmspropOptions options) { return Optimizer{options, {}}; }
+Optimizer adagrad(AdagradOptions options) { return Optimizer{options, {}}; }
+
+const std::vector<std::string>& names() {
+  static const std::vector<std::string> all = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
+  return all;
+}
+
+Expected<Optimizer> from_name(const std::string& name, const Params& params) {
+  detail::ParamReader r(params, "optimizer");
+  Optimizer opt;
+  if (name == "sgd") {
+    SgdOptions o;
+    o.lr = r.number("lr", o.lr), o.momentum = r.number("momentum", o.momentum);
+    o.dampening = r.number("dampening", o.dampening), o.weight_decay = r.number("weight_decay", o.weight_decay);
+    o.nesterov = r.flag("nesterov", o.nesterov);
+    opt = sgd(o);
+  } else if (name == "adam" || name == "adamw") {
+    auto read = [&r](auto o) {
+      o.lr = r.number("lr", o.lr), o.beta1 = r.number("beta1", o.beta1), o.beta2 = r.number("beta2", o.beta2);
+      o.eps = r.number("eps", o.eps), o.weight_decay = r.number("weight_decay", o.weight_decay);
+      o.amsgrad = r.flag("amsgrad", o.amsgrad);
+      return o;
+    };
+    opt = name == "adam" ? adam(read(AdamOptions{})) : adamw(read(AdamWOptions{}));
+  } else if (name == "rmsprop") {
+    RmspropOptions o;
+    o.lr = r.number("lr", o.lr), o.alpha = r.number("alpha", o.alpha), o.eps = r.number("eps", o.eps);
+    o.weight_decay = r.number("weight_decay", o.weight_decay), o.momentum = r.number("momentum", o.momentum);
+    o.centered = r.flag("centered", o.centered);
+    opt = rmsprop(o);
+  } else if (name == "adagrad") {
+    AdagradOptions o;
+    o.lr = r.number("lr", o.lr), o.lr_decay = r.number("lr_decay", o.lr_decay);
+    o.weight_decay = r.number("weight_decay", o.weight_decay), o.eps = r.number("eps", o.eps);
+    o.initial_accumulator_value = r.number("initial_accumulator_value", o.initial_accumulator_value);
+    opt = adagrad(o);
+  } else {
+    const auto near = detail::closest(name, names());
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("unknown optimizer \"{}\"{}; valid optimizers: {}", name,
+                            near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(names(), ", ")));
+  }
+  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+  if (auto ok = opt.validate(); !ok) return tl::unexpected(ok.error());
+  return opt;
+}
 }  // namespace optim
 
 // ---------------------------------------------------------------- Losses
@@ -223,7 +301,19 @@ BATON_WITH(with_loss, loss, Loss)
 BATON_WITH(with_optimizer_carry, optimizer_carry, Carry)
 BATON_WITH(with_duration, duration, Time)
 BATON_WITH(with_device, device, c10::Device)
+BATON_WITH(with_model, model, ModelCarry)
+BATON_WITH(with_freeze, freeze, std::vector<std::string>)
+BATON_WITH(with_grad_accum, grad_accum, std::int64_t)
+BATON_WITH(with_clip_grad_norm, clip_grad_norm, std::optional<double>)
+BATON_WITH(with_clip_grad_value, clip_grad_value, std::optional<double>)
 #undef BATON_WITH
+
+TrainingSpec TrainingSpec::with_schedule(Schedule v, Clock clock) const {
+  TrainingSpec copy = *this;
+  copy.schedule = std::move(v);
+  copy.schedule_clock = clock;
+  return copy;
+}
 
 TrainingSpec TrainingSpec::with_data_seed(std::uint64_t v) const {
   TrainingSpec copy = *this;
@@ -258,6 +348,18 @@ Expected<void> TrainingSpec::validate() const {
   if (auto o = optimizer.validate(); !o) problems.push_back(o.error().message);
   if (duration.value <= 0 || !std::isfinite(duration.value))
     problems.push_back(fmt::format("duration: must be more than zero, got \"{}\"", duration.to_string()));
+  if (grad_accum < 1 || (data.batch_size > 0 && grad_accum > data.batch_size))
+    problems.push_back(fmt::format("grad_accum: must be in [1, batch_size = {}], got {}", data.batch_size, grad_accum));
+  if (clip_grad_norm && !(*clip_grad_norm > 0))
+    problems.push_back(fmt::format("clip_grad_norm: must be > 0, got {}", *clip_grad_norm));
+  if (clip_grad_value && !(*clip_grad_value > 0))
+    problems.push_back(fmt::format("clip_grad_value: must be > 0, got {}", *clip_grad_value));
+  for (const auto& f : freeze)
+    if (f.empty()) note(problems, "freeze: an empty pattern matches nothing; remove it");
+  if (model.kind == ModelCarry::Kind::transfer && model.source && !model.source->model.module)
+    note(problems, "model: the transfer source state has no model");
+  if (schedule.warmup && schedule.warmup->value <= 0)
+    problems.push_back(fmt::format("schedule: warm-up must be more than zero, got \"{}\"", schedule.warmup->to_string()));
   if (device.is_cuda() && !torch::cuda::is_available())
     note(problems, "device: CUDA requested but this LibTorch has no CUDA device; use CPU");
   if (!device.is_cpu() && !device.is_cuda())

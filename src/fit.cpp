@@ -1,4 +1,6 @@
 // fit, train_step and eval: the training loop.
+#include <fnmatch.h>
+
 #include <cmath>
 
 #include <fmt/format.h>
@@ -11,117 +13,396 @@
 namespace baton {
 namespace {
 
-/// One parameter and its optimizer state for the duration of a fit (the map's nodes are stable).
+bool matches(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+std::string some_names(const torch::nn::Module& m) {
+  std::vector<std::string> names;
+  for (const auto& item : m.named_parameters()) names.push_back(item.key());
+  if (names.size() > 8) names.resize(8), names.emplace_back("...");
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+/// FNV-1a: a stable hash of the stage name for seeds (the same on every platform).
+std::uint64_t stable_hash(std::string_view s) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+std::uint64_t stage_seed(std::uint64_t run_seed, std::string_view stage, std::uint64_t stream) {
+  std::uint64_t x = run_seed ^ stable_hash(stage) ^ (stream * 0xD1B54A32D192ED03ULL);
+  return detail::splitmix64(x);
+}
+
+/// One parameter, its optimizer state and its group's hyperparameters, for the duration of a
+/// fit (the optimizer-state map's nodes are stable).
 struct Slot {
   torch::Tensor param;
   ParamState* state;
+  double lr;            // the group's base LR (the schedule multiplies it)
+  double weight_decay;
 };
 
-/// Applies the spec's carry-over policy to the state's optimizer state and lines it up with the
-/// model's parameters.
+/// Builds a model with `factory`, seeded from the run's seed and the stage name, leaving the
+/// caller's global generator intact.
+Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_view stage) {
+  detail::GlobalRngScope scope(detail::seeded_rng_state(stage_seed(seed, stage, 3)));
+  Model m = factory();
+  if (!m.module || !m.forward) detail::raise(ErrorCode::invalid_argument, "the model factory returned no module or no forward");
+  return m;
+}
+
+/// Copies tensors whose name and shape match from `from` into `to`; reports what it did.
+void transfer_tensors(const torch::OrderedDict<std::string, torch::Tensor>& from,
+                      const torch::OrderedDict<std::string, torch::Tensor>& to, TransferReport& report,
+                      std::vector<std::string>* copied_params) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : to) {
+    const auto* src = from.find(item.key());
+    if (src == nullptr) {
+      report.initialized.push_back(item.key());
+    } else if (src->sizes() != item.value().sizes()) {
+      report.skipped.push_back(fmt::format("{} (shape {} in the source, {} here)", item.key(),
+                                           detail::shape_string(*src), detail::shape_string(item.value())));
+      report.initialized.push_back(item.key());
+    } else {
+      item.value().set_data(src->detach().clone());
+      report.copied.push_back(item.key());
+      if (copied_params) copied_params->push_back(item.key());
+    }
+  }
+  for (const auto& item : from)
+    if (to.find(item.key()) == nullptr) report.skipped.push_back(fmt::format("{} (not in the new model)", item.key()));
+}
+
+/// Where the next step happens when `spec` runs on `s`: a new stage closes a partial epoch and
+/// starts its clock now.
+struct StagePosition {
+  bool new_stage;
+  Timestamp time;
+  Timestamp stage_start;
+};
+
+StagePosition stage_position(const TrainingSpec& spec, const TrainState& s) {
+  if (s.stage == spec.name) return {false, s.time, s.stage_start};
+  Timestamp t = s.time;
+  if (t.sample_in_epoch > 0) t.epoch += 1, t.batch_in_epoch = 0, t.sample_in_epoch = 0;
+  return {true, t, t};
+}
+
+/// Applies the stage-start carry-over policies when `spec` begins a new stage. Returns the
+/// transfer report when there was a transfer.
+std::optional<TransferReport> begin_stage(const TrainingSpec& spec, TrainState& s) {
+  const StagePosition pos = stage_position(spec, s);
+  if (!pos.new_stage) return std::nullopt;
+  s.time = pos.time;
+  s.stage = spec.name;
+  s.stage_start = pos.stage_start;
+  std::optional<TransferReport> report;
+  const bool fresh_moments = spec.optimizer_carry == Carry::fresh;
+  switch (spec.model.kind) {
+    case ModelCarry::Kind::keep:
+      break;
+    case ModelCarry::Kind::reinitialize: {
+      const ModelFactory& factory = spec.model.factory ? spec.model.factory : s.factory;
+      s.model = build_model(factory, s.seed, spec.name);
+      s.factory = factory;
+      s.optimizer = OptimizerState{};  // moments of the old weights mean nothing for new ones
+      break;
+    }
+    case ModelCarry::Kind::transfer: {
+      const ModelFactory& factory = spec.model.factory ? spec.model.factory : s.factory;
+      Model fresh = build_model(factory, s.seed, spec.name);
+      const torch::nn::Module& source = spec.model.source ? *spec.model.source->model.module : *s.model.module;
+      TransferReport r;
+      std::vector<std::string> copied_params;
+      transfer_tensors(source.named_parameters(), fresh.module->named_parameters(), r, &copied_params);
+      transfer_tensors(source.named_buffers(), fresh.module->named_buffers(), r, nullptr);
+      fresh.module->train(true);
+      // Moments continue (with Carry::keep) only for weights copied from the incoming state.
+      OptimizerState kept;
+      if (!spec.model.source && !fresh_moments) {
+        kept.kind = s.optimizer.kind;
+        for (const auto& name : copied_params)
+          if (auto it = s.optimizer.params.find(name); it != s.optimizer.params.end()) kept.params.insert(*it);
+      }
+      s.optimizer = std::move(kept);
+      s.model = std::move(fresh);
+      s.factory = factory;
+      report = std::move(r);
+      break;
+    }
+  }
+  if (fresh_moments) s.optimizer = OptimizerState{};
+  return report;
+}
+
+/// Lines the state's optimizer state up with the trainable parameters, resolving groups and
+/// frozen patterns. Checks that every pattern matches something.
 std::vector<Slot> prepare_optimizer(const TrainingSpec& spec, TrainState& s) {
   const std::string kind(spec.optimizer.kind());
-  if (spec.optimizer_carry == Carry::fresh) {
-    s.optimizer = OptimizerState{};
-  } else if (!s.optimizer.kind.empty() && s.optimizer.kind != kind) {
+  if (!s.optimizer.kind.empty() && s.optimizer.kind != kind) {
     detail::raise(ErrorCode::invalid_spec,
                   fmt::format("optimizer: the state holds {} moments and the spec asks to keep them "
                               "(Carry::keep) with {}; moments of one optimizer kind cannot continue "
-                              "another: use Carry::fresh",
-                              s.optimizer.kind, kind));
+                              "another: use Carry::fresh{}",
+                              s.optimizer.kind, kind,
+                              s.stage == spec.name ? fmt::format(" in a new stage (this fit continues stage \"{}\")", spec.name) : ""));
   }
   s.optimizer.kind = kind;
-  const std::size_t nslots = std::holds_alternative<SgdOptions>(spec.optimizer.options) ? 1 : 3;
+  const auto& opt = spec.optimizer;
+  const std::size_t nslots = std::holds_alternative<SgdOptions>(opt.options) || std::holds_alternative<AdagradOptions>(opt.options) ? 1 : 3;
+  std::vector<std::size_t> group_hits(opt.groups.size(), 0), freeze_hits(spec.freeze.size(), 0);
   std::vector<Slot> slots;
   for (const auto& item : s.model.module->named_parameters()) {
-    ParamState& ps = s.optimizer.params[item.key()];
+    const std::string& name = item.key();
+    bool frozen = false;
+    for (std::size_t f = 0; f < spec.freeze.size(); ++f)
+      if (matches(spec.freeze[f], name)) frozen = true, ++freeze_hits[f];
+    double lr = opt.lr(), wd = opt.weight_decay();
+    for (std::size_t g = 0; g < opt.groups.size(); ++g) {
+      const auto& group = opt.groups[g];
+      if (std::any_of(group.patterns.begin(), group.patterns.end(), [&](const auto& p) { return matches(p, name); })) {
+        ++group_hits[g];
+        lr = group.lr.value_or(lr), wd = group.weight_decay.value_or(wd);
+        break;
+      }
+    }
+    if (frozen) continue;
+    ParamState& ps = s.optimizer.params[name];
     ps.slots.resize(nslots);
-    slots.push_back(Slot{item.value(), &ps});
+    slots.push_back(Slot{item.value(), &ps, lr, wd});
   }
+  for (std::size_t g = 0; g < opt.groups.size(); ++g)
+    if (group_hits[g] == 0)
+      detail::raise(ErrorCode::invalid_spec,
+                    fmt::format("optimizer.groups[{}]: patterns {} match no parameter (the first one wins; "
+                                "an earlier group may take them all); parameters are named like: {}",
+                                g, fmt::join(opt.groups[g].patterns, ", "), some_names(*s.model.module)));
+  for (std::size_t f = 0; f < spec.freeze.size(); ++f)
+    if (freeze_hits[f] == 0)
+      detail::raise(ErrorCode::invalid_spec,
+                    fmt::format("freeze: pattern \"{}\" matches no parameter; parameters are named like: {}",
+                                spec.freeze[f], some_names(*s.model.module)));
   return slots;
 }
 
-/// The update rules of torch::optim::SGD and torch::optim::Adam (LibTorch 1.13), op for op, so
-/// that results match them bit for bit.
-void apply_update(const Optimizer& opt, std::vector<Slot>& slots) {
-  torch::NoGradGuard no_grad;
-  if (const auto* o = std::get_if<SgdOptions>(&opt.options)) {
-    for (auto& sl : slots) {
-      auto& p = sl.param;
-      if (!p.grad().defined()) continue;
-      auto d_p = p.grad();
-      if (o->weight_decay != 0) d_p = d_p.add(p, o->weight_decay);
-      if (o->momentum != 0) {
-        auto& buf = sl.state->slots[0];
-        if (!buf.defined()) {
-          buf = torch::clone(d_p).detach();
-        } else {
-          buf.mul_(o->momentum).add_(d_p, 1 - o->dampening);
-        }
-        d_p = o->nesterov ? d_p.add(buf, o->momentum) : buf;
+/// Turns off gradients of frozen parameters for a scope and restores them after.
+class FreezeScope {
+ public:
+  FreezeScope(const TrainingSpec& spec, torch::nn::Module& m) {
+    if (spec.freeze.empty()) return;
+    for (const auto& item : m.named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      if (std::any_of(spec.freeze.begin(), spec.freeze.end(), [&](const auto& p) { return matches(p, item.key()); })) {
+        item.value().set_requires_grad(false);
+        frozen_.push_back(item.value());
       }
-      p.add_(d_p, -o->lr);
-      ++sl.state->step;
     }
-    return;
   }
-  const auto& o = std::get<AdamOptions>(opt.options);
+  FreezeScope(const FreezeScope&) = delete;
+  FreezeScope& operator=(const FreezeScope&) = delete;
+  ~FreezeScope() {
+    for (auto& p : frozen_) p.set_requires_grad(true);
+  }
+ private:
+  std::vector<torch::Tensor> frozen_;
+};
+
+/// The update rules of torch::optim's SGD, Adam, AdamW, RMSprop and Adagrad (LibTorch 1.13),
+/// op for op, so that results match them bit for bit. `scale` is the schedule's multiplier.
+void apply_update(const Optimizer& opt, std::vector<Slot>& slots, double scale) {
+  torch::NoGradGuard no_grad;
+  auto init = [](torch::Tensor& slot, const torch::Tensor& p, double value = 0.0) {
+    if (!slot.defined()) slot = torch::full_like(p, value, torch::MemoryFormat::Preserve);
+  };
   for (auto& sl : slots) {
     auto& p = sl.param;
     if (!p.grad().defined()) continue;
     auto grad = p.grad();
     auto& st = *sl.state;
-    if (!st.slots[0].defined()) {
-      st.slots[0] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
-      st.slots[1] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
-      if (o.amsgrad) st.slots[2] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
-    }
-    auto& exp_avg = st.slots[0];
-    auto& exp_avg_sq = st.slots[1];
+    const double lr = sl.lr * scale, wd = sl.weight_decay;
     st.step += 1;
-    const double bias_correction1 = 1 - std::pow(o.beta1, static_cast<double>(st.step));
-    const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(st.step));
-    if (o.weight_decay != 0) grad = grad.add(p, o.weight_decay);
-    exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
-    exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
-    torch::Tensor denom;
-    if (o.amsgrad) {
-      if (!st.slots[2].defined()) st.slots[2] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
-      torch::max_out(st.slots[2], exp_avg_sq, st.slots[2]);
-      denom = (st.slots[2].sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
-    } else {
-      denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
-    }
-    p.addcdiv_(exp_avg, denom, -o.lr / bias_correction1);
+    std::visit(
+        [&](const auto& o) {
+          using O = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<O, SgdOptions>) {
+            if (wd != 0) grad = grad.add(p, wd);
+            if (o.momentum != 0) {
+              auto& buf = st.slots[0];
+              if (!buf.defined()) buf = torch::clone(grad).detach();
+              else buf.mul_(o.momentum).add_(grad, 1 - o.dampening);
+              grad = o.nesterov ? grad.add(buf, o.momentum) : buf;
+            }
+            p.add_(grad, -lr);
+          } else if constexpr (std::is_same_v<O, AdamOptions> || std::is_same_v<O, AdamWOptions>) {
+            constexpr bool decoupled = std::is_same_v<O, AdamWOptions>;
+            if constexpr (decoupled) {
+              if (wd != 0) p.mul_(1 - lr * wd);
+            }
+            init(st.slots[0], p), init(st.slots[1], p);
+            const double bias_correction1 = 1 - std::pow(o.beta1, static_cast<double>(st.step));
+            const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(st.step));
+            if constexpr (!decoupled) {
+              if (wd != 0) grad = grad.add(p, wd);
+            }
+            st.slots[0].mul_(o.beta1).add_(grad, 1 - o.beta1);
+            st.slots[1].mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+            torch::Tensor denom;
+            if (o.amsgrad) {
+              init(st.slots[2], p);
+              torch::max_out(st.slots[2], st.slots[1], st.slots[2]);
+              denom = (st.slots[2].sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
+            } else {
+              denom = (st.slots[1].sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
+            }
+            p.addcdiv_(st.slots[0], denom, -lr / bias_correction1);
+          } else if constexpr (std::is_same_v<O, RmspropOptions>) {
+            if (wd != 0) grad = grad.add(p, wd);
+            init(st.slots[0], p);
+            st.slots[0].mul_(o.alpha).addcmul_(grad, grad, 1 - o.alpha);
+            torch::Tensor avg;
+            if (o.centered) {
+              init(st.slots[2], p);
+              st.slots[2].mul_(o.alpha).add_(grad, 1 - o.alpha);
+              avg = st.slots[0].addcmul(st.slots[2], st.slots[2], -1).sqrt_().add_(o.eps);
+            } else {
+              avg = st.slots[0].sqrt().add_(o.eps);
+            }
+            if (o.momentum > 0) {
+              init(st.slots[1], p);
+              st.slots[1].mul_(o.momentum).addcdiv_(grad, avg);
+              p.add_(st.slots[1], -lr);
+            } else {
+              p.addcdiv_(grad, avg, -lr);
+            }
+          } else {  // Adagrad
+            init(st.slots[0], p, o.initial_accumulator_value);
+            if (wd != 0) grad = grad.add(p, wd);
+            const double clr = lr / (1 + static_cast<double>(st.step - 1) * o.lr_decay);
+            st.slots[0].addcmul_(grad, grad, 1.0);
+            const auto std = st.slots[0].sqrt().add_(o.eps);
+            p.addcdiv_(grad, std, -clr);
+          }
+        },
+        opt.options);
   }
 }
 
-/// forward -> loss -> (finite check) -> backward -> update; returns the loss. Changes `s` in place.
-double step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch) {
-  torch::Tensor output;
-  try {
-    output = s.model.forward(batch.inputs);
-  } catch (const c10::Error& e) {
-    detail::raise(ErrorCode::shape_mismatch,
-                  fmt::format("the model's forward failed on inputs of shape {}: {}",
-                              detail::shape_string(batch.inputs), detail::torch_message(e)));
+/// Clips gradients (by global norm, then by value); returns the global norm before clipping,
+/// or 0 when not clipping by norm (computing it costs a pass over every gradient).
+double clip_gradients(const TrainingSpec& spec, std::vector<Slot>& slots) {
+  if (!spec.clip_grad_norm && !spec.clip_grad_value) return 0.0;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (auto& sl : slots)
+    if (sl.param.grad().defined()) grads.push_back(sl.param.grad());
+  double total = 0.0;
+  if (spec.clip_grad_norm && !grads.empty()) {
+    std::vector<torch::Tensor> norms;
+    norms.reserve(grads.size());
+    for (const auto& g : grads) norms.push_back(g.norm(2));
+    total = torch::stack(norms).norm(2).item<double>();
+    const double coef = *spec.clip_grad_norm / (total + 1e-6);
+    if (coef < 1.0)
+      for (auto& g : grads) g.mul_(coef);
   }
-  const torch::Tensor loss = spec.loss.fn(output, batch.targets);
-  if (!loss.defined() || loss.dim() != 0)
-    detail::raise(ErrorCode::shape_mismatch,
-                  fmt::format("loss \"{}\" must return a scalar, returned {}", spec.loss.name,
-                              detail::shape_string(loss)));
-  // CPU sync point (cheap on CPU): a non-finite loss must stop us before the step is applied.
-  const double value = loss.item<double>();
-  if (!std::isfinite(value))
-    detail::raise(ErrorCode::non_finite,
-                  fmt::format("loss \"{}\" is {} at batch {} (epoch {}, batch {} of it); the step was "
-                              "not applied. Lower the learning rate or check the data for NaN/inf",
-                              spec.loss.name, value, s.time.batch, s.time.epoch, s.time.batch_in_epoch));
-  loss.backward();
-  apply_update(spec.optimizer, slots);
+  if (spec.clip_grad_value)
+    for (auto& g : grads) g.clamp_(-*spec.clip_grad_value, *spec.clip_grad_value);
+  return total;
+}
+
+/// The schedule's view of time for the next step.
+ScheduleTime schedule_time(const TrainingSpec& spec, const TrainState& s, const Timestamp& now,
+                           const Timestamp& stage_start, std::int64_t n) {
+  const std::int64_t bs = spec.data.batch_size;
+  const Timestamp origin = spec.schedule_clock == Clock::run ? Timestamp{} : stage_start;
+  ScheduleTime st;
+  st.epoch = static_cast<double>(now.epoch - origin.epoch) +
+             static_cast<double>(now.sample_in_epoch - origin.sample_in_epoch) / static_cast<double>(n);
+  st.batch = static_cast<double>(now.batch - origin.batch);
+  st.sample = static_cast<double>(now.sample - origin.sample);
+  st.batches_per_epoch = static_cast<double>(spec.data.drop_last ? n / bs : (n + bs - 1) / bs);
+  st.samples_per_batch = static_cast<double>(bs);
+  if (spec.schedule_clock == Clock::run) {
+    st.horizon = s.max_duration;
+  } else {
+    st.horizon = spec.duration.unit == TimeUnit::duration
+                     ? Time{spec.duration.value * s.max_duration.value, s.max_duration.unit}
+                     : spec.duration;
+  }
+  return st;
+}
+
+/// A warm-up longer than the schedule's horizon never ends: an error, before any step.
+void check_warmup(const TrainingSpec& spec, const TrainState& s, std::int64_t n) {
+  if (!spec.schedule.warmup) return;
+  const ScheduleTime st = schedule_time(spec, s, s.time, s.time, n);
+  const double warm = st.convert(*spec.schedule.warmup, TimeUnit::batch);
+  const double horizon = st.convert(st.horizon, TimeUnit::batch);
+  if (warm > horizon + 1e-9)
+    detail::raise(ErrorCode::invalid_spec,
+                  fmt::format("schedule: the warm-up ({}, {:.0f} batches) is longer than the {} ({}, {:.0f} "
+                              "batches); shorten the warm-up or lengthen the {}",
+                              spec.schedule.warmup->to_string(), warm,
+                              spec.schedule_clock == Clock::stage ? "stage" : "run", st.horizon.to_string(), horizon,
+                              spec.schedule_clock == Clock::stage ? "stage" : "run"));
+}
+
+struct StepOutput {
+  double loss;
+  double grad_norm;
+};
+
+/// forward -> loss -> (finite check) -> backward, over `grad_accum` microbatches; then clip and
+/// update. Changes `s` in place.
+StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
+                         double lr_scale) {
+  const std::int64_t total = batch.inputs.size(0);
+  const std::int64_t k = std::min<std::int64_t>(std::max<std::int64_t>(spec.grad_accum, 1), total);
+  const std::int64_t micro = (total + k - 1) / k;
+  double batch_loss = 0.0;
+  for (std::int64_t start = 0; start < total; start += micro) {
+    const std::int64_t size = std::min(micro, total - start);
+    const bool whole = size == total;
+    const auto inputs = whole ? batch.inputs : batch.inputs.narrow(0, start, size);
+    const auto targets = whole ? batch.targets : batch.targets.narrow(0, start, size);
+    torch::Tensor output;
+    try {
+      output = s.model.forward(inputs);
+    } catch (const c10::Error& e) {
+      detail::raise(ErrorCode::shape_mismatch,
+                    fmt::format("the model's forward failed on inputs of shape {}: {}",
+                                detail::shape_string(inputs), detail::torch_message(e)));
+    }
+    torch::Tensor loss = spec.loss.fn(output, targets);
+    if (!loss.defined() || loss.dim() != 0)
+      detail::raise(ErrorCode::shape_mismatch,
+                    fmt::format("loss \"{}\" must return a scalar, returned {}", spec.loss.name,
+                                detail::shape_string(loss)));
+    // CPU sync point (cheap on CPU): a non-finite loss must stop us before the step is applied.
+    const double value = loss.item<double>();
+    if (!std::isfinite(value))
+      detail::raise(ErrorCode::non_finite,
+                    fmt::format("loss \"{}\" is {} at batch {} (epoch {}, batch {} of it); the step was "
+                                "not applied. Lower the learning rate or check the data for NaN/inf",
+                                spec.loss.name, value, s.time.batch, s.time.epoch, s.time.batch_in_epoch));
+    if (whole) {
+      batch_loss = value;
+      loss.backward();
+    } else {
+      // A mean over the batch is the size-weighted mean of the microbatch means.
+      const double weight = static_cast<double>(size) / static_cast<double>(total);
+      batch_loss += value * weight;
+      (loss * weight).backward();
+    }
+  }
+  const double grad_norm = clip_gradients(spec, slots);
+  apply_update(spec.optimizer, slots, lr_scale);
   for (auto& sl : slots) sl.param.mutable_grad().reset();  // set_to_none: no memset per step
-  return value;
+  return {batch_loss, grad_norm};
 }
 
 void advance(Timestamp& t, std::int64_t batch_size) {
@@ -175,21 +456,31 @@ Error finished_error(const TrainState& s) {
 
 std::string stage_context(const TrainingSpec& spec) { return fmt::format("stage \"{}\"", spec.name); }
 
+/// Rolls the epoch over when its order is used up (or too short for a batch with drop_last).
+void roll_epoch(Timestamp& t, std::int64_t n, std::int64_t bs, bool drop_last) {
+  if (t.sample_in_epoch >= n || (drop_last && n - t.sample_in_epoch < bs))
+    t.epoch += 1, t.batch_in_epoch = 0, t.sample_in_epoch = 0;
+}
+
 }  // namespace
 
 // The loop, with its event points (where algorithms and callbacks will attach):
 //
-//   fit_start
+//   fit_start                  a new stage (spec.name differs from state.stage): close a partial
+//                              epoch, apply model and optimizer carry-over; resolve groups, freeze
 //   while not (stage end or run max reached):
-//     [epoch_start]            order = epoch_order(seed, epoch)       (cached per epoch)
+//     [epoch_start]            order = epoch_order(seed(run, stage), epoch)   (cached per epoch)
 //     batch_start              batch = data[order[sample_in_epoch : +batch_size]]
-//     before_forward           output = model(batch.inputs)
-//     after_forward            loss = loss(output, batch.targets)     (non-finite: stop, step not applied)
-//     after_loss               loss.backward()
-//     after_backward           optimizer update (moments keyed by name), grads set to none
+//                              lr = group lr * schedule(time on the run's or the stage's clock)
+//     for each microbatch (grad_accum):
+//       before_forward         output = model(micro.inputs)
+//       after_forward          loss = loss(output, micro.targets)   (non-finite: stop, no step)
+//       after_loss             (loss * micro/batch).backward()
+//     after_backward           clip by global norm, then by value
+//     before_optimizer_step    optimizer update (moments keyed by name), grads set to none
 //     batch_end                timestamp += 1 batch
 //     [epoch_end]              when the epoch's order is used up (or too short with drop_last)
-//   fit_end                    history += {stage, start, end, last loss}
+//   fit_end                    history += {stage, start, end, last loss, lr, grad norm, transfer}
 Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
   return detail::guard([&]() -> Expected<TrainState> {
     if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error());
@@ -198,21 +489,22 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
 
     const Dataset& data = spec.data.train;
     const std::int64_t n = data.size(), bs = spec.data.batch_size;
-    const std::uint64_t data_seed = spec.data_seed.value_or(s.seed);
+    auto transfer = begin_stage(spec, s);
+    check_warmup(spec, s, n);
+    const std::uint64_t data_seed = spec.data_seed ? *spec.data_seed : stage_seed(s.seed, spec.name, 4);
     const StageEnd end = StageEnd::make(spec, s, n);
     const Timestamp start = s.time;
     if (!spec.device.is_cpu()) s.model.module->to(spec.device);
     std::vector<Slot> slots = prepare_optimizer(spec, s);
+    FreezeScope frozen(spec, *s.model.module);
     s.model.module->train(true);
     detail::GlobalRngScope rng(s.rng);  // dropout etc. draw from the run's RNG
 
-    double last_loss = std::nan("");
-    while (!s.finished() && !end.reached(s.time, n)) {
-      Timestamp& t = s.time;
-      if (t.sample_in_epoch >= n || (spec.data.drop_last && n - t.sample_in_epoch < bs)) {
-        t.epoch += 1, t.batch_in_epoch = 0, t.sample_in_epoch = 0;  // epoch end
-        continue;
-      }
+    StepOutput last{std::nan(""), 0.0};
+    double last_lr = 0.0;
+    for (Timestamp& t = s.time; !s.finished() && !end.reached(t, n);) {
+      roll_epoch(t, n, bs, spec.data.drop_last);
+      if (s.finished() || end.reached(t, n)) break;
       const auto& cache = s.order_cache;
       if (!cache || cache->epoch != t.epoch || cache->seed != data_seed || cache->size != n ||
           cache->shuffle != spec.data.shuffle) {
@@ -226,13 +518,22 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
         batch.inputs = batch.inputs.to(spec.device, /*non_blocking=*/true);
         batch.targets = batch.targets.to(spec.device, /*non_blocking=*/true);
       }
-      last_loss = step_in_place(spec, s, slots, batch);
+      const double scale = spec.schedule(schedule_time(spec, s, t, s.stage_start, n));
+      last = step_in_place(spec, s, slots, batch, scale);
+      last_lr = spec.optimizer.lr() * scale;
       advance(t, take);
-      if (t.sample_in_epoch >= n || (spec.data.drop_last && n - t.sample_in_epoch < bs))
-        t.epoch += 1, t.batch_in_epoch = 0, t.sample_in_epoch = 0;  // epoch end
+      roll_epoch(t, n, bs, spec.data.drop_last);
     }
     s.rng = rng.current();
-    s.history.push_back(StageRecord{spec.name, start, s.time, last_loss});
+    // One record per stage: a fit that continues the stage extends its record, so a stage split
+    // into several fits leaves the same history as one fit.
+    if (!transfer && !s.history.empty() && s.history.back().name == spec.name && s.history.back().end == start) {
+      auto& rec = s.history.back();
+      rec.end = s.time;
+      if (s.time.batch > start.batch) rec.last_loss = last.loss, rec.last_lr = last_lr, rec.last_grad_norm = last.grad_norm;
+    } else {
+      s.history.push_back(StageRecord{spec.name, start, s.time, last.loss, last_lr, last.grad_norm, std::move(transfer)});
+    }
     return std::move(s);
   }).map_error(add_context(stage_context(spec)));
 }
@@ -244,19 +545,37 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
     if (!s.model.module) return fail(ErrorCode::invalid_argument, "train_step: the state has no model");
     if (s.finished()) return tl::unexpected(finished_error(s));
     if (!batch.inputs.defined() || !batch.targets.defined() || batch.inputs.dim() == 0 ||
-        batch.targets.dim() == 0 || batch.inputs.size(0) != batch.targets.size(0))
+        batch.targets.dim() == 0 || batch.inputs.size(0) != batch.targets.size(0) || batch.inputs.size(0) == 0)
       return fail(ErrorCode::shape_mismatch,
-                  fmt::format("train_step: a batch needs inputs and targets with the same first "
+                  fmt::format("train_step: a batch needs inputs and targets with the same, non-zero first "
                               "dimension; got inputs {} and targets {}",
                               detail::shape_string(batch.inputs), detail::shape_string(batch.targets)));
+    const std::int64_t b = batch.inputs.size(0);
+    // Without training data in the spec, an epoch is this one batch (for the schedule's units).
+    const std::int64_t n = spec.data.train.size() > 0 ? spec.data.train.size() : b;
+    begin_stage(spec, s);
     std::vector<Slot> slots = prepare_optimizer(spec, s);
+    FreezeScope frozen(spec, *s.model.module);
     s.model.module->train(true);
     detail::GlobalRngScope rng(s.rng);
-    const double loss = step_in_place(spec, s, slots, batch);
-    advance(s.time, batch.inputs.size(0));
+    roll_epoch(s.time, n, std::max<std::int64_t>(spec.data.batch_size, 1), spec.data.drop_last);
+    const double scale = spec.schedule(schedule_time(spec, s, s.time, s.stage_start, n));
+    const StepOutput out = step_in_place(spec, s, slots, batch, scale);
+    advance(s.time, b);
+    roll_epoch(s.time, n, std::max<std::int64_t>(spec.data.batch_size, 1), spec.data.drop_last);
     s.rng = rng.current();
-    return StepResult{std::move(s), loss};
+    return StepResult{std::move(s), out.loss, spec.optimizer.lr() * scale, out.grad_norm};
   }).map_error(add_context(stage_context(spec) + " train_step"));
+}
+
+Expected<double> scheduled_lr(const TrainingSpec& spec, const TrainState& s) {
+  const std::int64_t n = spec.data.train.size();
+  if (n <= 0 || spec.data.batch_size <= 0)
+    return fail(ErrorCode::invalid_spec, "scheduled_lr: the spec needs training data and a positive batch size");
+  const StagePosition pos = stage_position(spec, s);
+  Timestamp t = pos.time;
+  roll_epoch(t, n, spec.data.batch_size, spec.data.drop_last);
+  return spec.optimizer.lr() * spec.schedule(schedule_time(spec, s, t, pos.stage_start, n));
 }
 
 namespace {

@@ -77,6 +77,8 @@ TrainState::TrainState(const TrainState& o)
       seed(o.seed),
       max_duration(o.max_duration),
       history(o.history),
+      stage(o.stage),
+      stage_start(o.stage_start),
       order_cache(o.order_cache) {
   for (auto& [name, ps] : optimizer.params)
     for (auto& t : ps.slots)
@@ -153,7 +155,9 @@ bool bitwise_equal(const TrainState& a, const TrainState& b) {
     }
     return true;
   };
-  if (!(a.time == b.time) || a.optimizer.kind != b.optimizer.kind) return false;
+  if (!(a.time == b.time) || a.optimizer.kind != b.optimizer.kind || a.stage != b.stage ||
+      !(a.stage_start == b.stage_start))
+    return false;
   if (!same(a.named_parameters(), b.named_parameters()) || !same(a.named_buffers(), b.named_buffers()))
     return false;
   if (a.optimizer.params.size() != b.optimizer.params.size()) return false;
@@ -169,6 +173,11 @@ bool bitwise_equal(const TrainState& a, const TrainState& b) {
     }
   }
   return true;
+}
+
+std::string TransferReport::to_string() const {
+  return fmt::format("copied {} tensors, initialized {} ({}), skipped {} ({})", copied.size(), initialized.size(),
+                     fmt::join(initialized, ", "), skipped.size(), fmt::join(skipped, ", "));
 }
 
 namespace models {

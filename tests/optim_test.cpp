@@ -67,7 +67,7 @@ TEST_CASE("optimizer options are validated with field names", "[optim]") {
 TEST_CASE("keeping moments of another optimizer kind is an error that suggests fresh", "[optim][carry]") {
   const auto data = test::blobs(100);
   auto s = test::ok(baton::fit(test::spec(data, baton::Time::batches(2)), test::new_state()));
-  auto adam_keep = test::spec(data, baton::Time::batches(2)).with_optimizer(baton::optim::adam(), baton::Carry::keep);
+  auto adam_keep = test::spec(data, baton::Time::batches(2)).with_name("adam-stage").with_optimizer(baton::optim::adam(), baton::Carry::keep);
   auto r = baton::fit(adam_keep, s);
   REQUIRE_FALSE(r);
   CHECK_THAT(r.error().message, Catch::Contains("Carry::fresh"));

@@ -25,12 +25,18 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState state);
 /// What one training step produced.
 struct StepResult {
   TrainState state;
-  double loss = 0;  ///< the batch's loss before the update
+  double loss = 0;       ///< the batch's loss before the update
+  double lr = 0;         ///< the base learning rate used (optimizer lr x schedule)
+  double grad_norm = 0;  ///< global gradient norm before clipping (0 unless clipping by norm)
 };
 
 /// One pure step on one batch: forward, loss, backward, optimizer update, timestamp advanced by
 /// one batch. Useful to unit-test training code.
 Expected<StepResult> train_step(const TrainingSpec& spec, TrainState state, const Batch& batch);
+
+/// The base learning rate (the optimizer's lr times the schedule) that the next step of
+/// `fit(spec, state)` would use: for checking schedules and clocks step by step.
+Expected<double> scheduled_lr(const TrainingSpec& spec, const TrainState& state);
 
 /// Binds `fit` to a spec: a curriculum is a chain of stages.
 ///

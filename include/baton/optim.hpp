@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -14,6 +15,7 @@
 #include <torch/types.h>
 
 #include "baton/error.hpp"
+#include "baton/params.hpp"
 
 namespace baton {
 
@@ -36,20 +38,80 @@ struct AdamOptions {
   bool amsgrad = false;
 };
 
-/// An optimizer's hyperparameters; which kind it is follows from the options held.
-struct Optimizer {
-  std::variant<SgdOptions, AdamOptions> options;
+/// AdamW, as torch::optim::AdamW (decoupled weight decay: p *= 1 - lr * weight_decay).
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+};
 
-  [[nodiscard]] std::string_view kind() const;  ///< "sgd" or "adam"
-  [[nodiscard]] double lr() const;
+/// RMSprop, as torch::optim::RMSprop.
+struct RmspropOptions {
+  double lr = 1e-2;
+  double alpha = 0.99;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;
+  bool centered = false;
+};
+
+/// Adagrad, as torch::optim::Adagrad.
+struct AdagradOptions {
+  double lr = 1e-2;
+  double lr_decay = 0.0;
+  double weight_decay = 0.0;
+  double initial_accumulator_value = 0.0;
+  double eps = 1e-10;
+};
+
+/// Parameters selected by name patterns (globs: `*` matches any text including dots, `?` one
+/// character; e.g. "backbone.*", "*.bias") with their own learning rate and weight decay. The
+/// first group whose pattern matches a parameter takes it; the others use the base options.
+/// A pattern that matches no parameter is an error (it is almost always a typo).
+struct ParamGroup {
+  std::vector<std::string> patterns;
+  std::optional<double> lr;            ///< default: the optimizer's
+  std::optional<double> weight_decay;  ///< default: the optimizer's
+};
+
+/// An optimizer's hyperparameters; which kind it is follows from the options held.
+///
+/// ```cpp
+/// auto opt = baton::optim::adamw({.lr = 1e-3})
+///                .with_groups({{.patterns = {"backbone.*"}, .lr = 1e-4},
+///                              {.patterns = {"*.bias", "*bn*"}, .weight_decay = 0.0}});
+/// ```
+struct Optimizer {
+  std::variant<SgdOptions, AdamOptions, AdamWOptions, RmspropOptions, AdagradOptions> options;
+  std::vector<ParamGroup> groups;
+
+  [[nodiscard]] std::string_view kind() const;  ///< "sgd", "adam", "adamw", "rmsprop" or "adagrad"
+  [[nodiscard]] double lr() const;              ///< the base learning rate
+  [[nodiscard]] double weight_decay() const;    ///< the base weight decay
   [[nodiscard]] Optimizer with_lr(double lr) const;
-  /// Checks ranges (lr >= 0, momentum in [0,1), nesterov needs momentum and no dampening, ...).
+  [[nodiscard]] Optimizer with_groups(std::vector<ParamGroup> groups) const;
+  /// Checks ranges (lr >= 0, momentum in [0,1), nesterov needs momentum and no dampening, ...),
+  /// naming each field, e.g. `optimizer.lr: must be a finite number >= 0, got -1`.
   [[nodiscard]] Expected<void> validate() const;
 };
 
 namespace optim {
 Optimizer sgd(SgdOptions options = {});
 Optimizer adam(AdamOptions options = {});
+Optimizer adamw(AdamWOptions options = {});
+Optimizer rmsprop(RmspropOptions options = {});
+Optimizer adagrad(AdagradOptions options = {});
+
+/// Builds an optimizer from its name and a key/value table (for hparams files), e.g.
+/// `from_name("sgd", {{"lr", 0.1}, {"momentum", 0.9}})`. Keys are the option names above
+/// (Adam's betas as `beta1`, `beta2`). Unknown names or keys, wrong types and invalid values are
+/// errors listing the valid names or keys.
+Expected<Optimizer> from_name(const std::string& name, const Params& params);
+/// Every name `from_name` accepts.
+const std::vector<std::string>& names();
 }  // namespace optim
 
 /// What a stage does with the optimizer state it finds in the TrainState.
@@ -59,7 +121,8 @@ enum class Carry {
 };
 
 /// Per-parameter optimizer state: the step count and the slot tensors (SGD: momentum buffer;
-/// Adam: exp_avg, exp_avg_sq[, max_exp_avg_sq]). A slot is undefined until first used.
+/// Adam/AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; RMSprop: square_avg, momentum_buffer,
+/// grad_avg; Adagrad: sum). A slot is undefined until first used.
 struct ParamState {
   std::int64_t step = 0;
   std::vector<torch::Tensor> slots;

@@ -24,6 +24,8 @@
 #include "baton/error.hpp"
 #include "baton/loss.hpp"
 #include "baton/optim.hpp"
+#include "baton/schedule.hpp"
+#include "baton/state.hpp"
 #include "baton/time.hpp"
 
 namespace baton {
@@ -36,14 +38,56 @@ struct DataSpec {
   bool drop_last = false;  ///< drop the last incomplete batch of each epoch
 };
 
-/// One stage of training. What carries over from the state (weights always; optimizer moments
-/// per `optimizer_carry`; the timestamp, data order and RNG always) is written here.
+/// What a stage does with the model it finds in the state, when the stage begins.
+///
+/// ```cpp
+/// // Fine-tune with a new 5-class head: copy every parameter whose name and shape match.
+/// auto finetune = main.with_name("finetune").with_model(baton::ModelCarry::transfer(make_net_5));
+/// ```
+struct ModelCarry {
+  enum class Kind {
+    keep,          ///< continue training the state's model
+    reinitialize,  ///< a freshly initialized model (seeded from the run's seed and stage name)
+    transfer,      ///< a fresh model that takes every parameter and buffer whose name and shape
+                   ///< match from `source` (default: the incoming state)
+  };
+  Kind kind = Kind::keep;
+  ModelFactory factory;                      ///< architecture for reinitialize/transfer; default: the state's
+  std::shared_ptr<const TrainState> source;  ///< transfer from this state instead of the incoming one
+
+  static ModelCarry keep() { return {}; }
+  static ModelCarry reinitialize(ModelFactory factory = {}) { return {Kind::reinitialize, std::move(factory), nullptr}; }
+  static ModelCarry transfer(ModelFactory factory = {}, std::shared_ptr<const TrainState> source = nullptr) {
+    return {Kind::transfer, std::move(factory), std::move(source)};
+  }
+};
+
+/// One stage of training. Everything a stage changes, and what it keeps, is written here:
+///
+/// | what                     | carried over                          | field              |
+/// | ------------------------ | ------------------------------------- | ------------------ |
+/// | weights                  | keep, reinitialize or transfer        | `model`            |
+/// | optimizer moments        | keep or fresh                         | `optimizer_carry`  |
+/// | schedule clock           | the run's or the stage's              | `schedule_clock`   |
+/// | timestamp, RNG           | always continue                       |                    |
+/// | data order               | (seed, epoch, stage name): a new stage starts a new epoch | `data` |
+///
+/// A stage is identified by its `name`: a `fit` whose name differs from the state's current
+/// stage begins a new stage (applying the carry-over policies and closing a partial epoch); a
+/// `fit` with the same name continues it, so a stage split into several fits gives the same bits.
 struct TrainingSpec {
   std::string name = "fit";                       ///< names the stage in errors and history
   DataSpec data{};
   Loss loss = baton::loss::cross_entropy();
   Optimizer optimizer = baton::optim::sgd();
   Carry optimizer_carry = Carry::keep;            ///< keep the state's moments, or start fresh
+  Schedule schedule = baton::schedule::constant(); ///< LR multiplier as a function of time
+  Clock schedule_clock = Clock::run;               ///< which clock the schedule reads
+  ModelCarry model = ModelCarry::keep();           ///< what happens to the weights at stage start
+  std::vector<std::string> freeze{};               ///< parameter-name patterns not trained in this stage
+  std::int64_t grad_accum = 1;                     ///< microbatches per batch (one update per batch)
+  std::optional<double> clip_grad_norm{};          ///< clip the global gradient L2 norm to this
+  std::optional<double> clip_grad_value{};         ///< clamp every gradient element to [-v, v]
   Time duration = Time::epochs(1);                ///< how much to train, from the state's time
   c10::Device device = c10::Device(c10::kCPU);    ///< CPU; CUDA when LibTorch has it
   std::optional<std::uint64_t> data_seed{};         ///< data order seed; default: the run's seed
@@ -60,6 +104,12 @@ struct TrainingSpec {
   [[nodiscard]] TrainingSpec with_duration(Time v) const;
   [[nodiscard]] TrainingSpec with_device(c10::Device v) const;
   [[nodiscard]] TrainingSpec with_data_seed(std::uint64_t v) const;
+  [[nodiscard]] TrainingSpec with_schedule(Schedule v, Clock clock) const;
+  [[nodiscard]] TrainingSpec with_model(ModelCarry v) const;
+  [[nodiscard]] TrainingSpec with_freeze(std::vector<std::string> patterns) const;
+  [[nodiscard]] TrainingSpec with_grad_accum(std::int64_t microbatches) const;
+  [[nodiscard]] TrainingSpec with_clip_grad_norm(std::optional<double> max_norm) const;
+  [[nodiscard]] TrainingSpec with_clip_grad_value(std::optional<double> max_value) const;
 
   /// Every problem of the spec at once, in one error (code invalid_spec), each line naming the
   /// field, e.g. `data.batch_size: must be positive, got 0`.

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,12 +27,24 @@
 
 namespace baton {
 
-/// One completed call of `fit` (or an interrupted one), as recorded in the state's history.
+/// What a `ModelCarry::transfer` did, parameter by parameter (buffers included), for the caller
+/// to print or check.
+struct TransferReport {
+  std::vector<std::string> copied;       ///< taken from the source: same name and shape
+  std::vector<std::string> skipped;      ///< in the source but not taken, with the reason
+  std::vector<std::string> initialized;  ///< new in the target: freshly initialized
+  [[nodiscard]] std::string to_string() const;
+};
+
+/// One stage, as recorded in the state's history (fits that continue a stage extend its record).
 struct StageRecord {
-  std::string name;      ///< the spec's name
+  std::string name;             ///< the spec's name
   Timestamp start;
   Timestamp end;
-  double last_loss = 0;  ///< training loss of the last batch
+  double last_loss = 0;         ///< training loss of the last batch
+  double last_lr = 0;           ///< base learning rate of the last step (after the schedule)
+  double last_grad_norm = 0;    ///< global gradient norm before clipping (when clipping by norm)
+  std::optional<TransferReport> transfer;  ///< set when this call began a stage with a transfer
 };
 
 namespace detail { struct OrderCache; }
@@ -46,7 +59,9 @@ struct TrainState {
   torch::Tensor rng;               ///< CPU generator state used for dropout etc. during fit
   std::uint64_t seed = 0;          ///< the run's seed: data order and RNG derive from it
   Time max_duration;               ///< the run never trains past this (ep, ba or sp)
-  std::vector<StageRecord> history;  ///< what the run has done, one record per fit
+  std::vector<StageRecord> history;  ///< what the run has done, one record per stage
+  std::string stage;               ///< name of the stage in progress ("" before the first fit)
+  Timestamp stage_start;           ///< when the stage in progress began (the stage clock's origin)
 
   TrainState() = default;
   TrainState(const TrainState& other);             ///< deep copy

@@ -1,0 +1,104 @@
+#pragma once
+// Typed reads from a Params table, collecting every problem, and an unknown-key check.
+#include <set>
+
+#include <fmt/format.h>
+
+#include "baton/params.hpp"
+#include "baton/time.hpp"
+
+namespace baton::detail {
+
+/// Edit distance, for "did you mean" suggestions.
+std::size_t edit_distance(std::string_view a, std::string_view b);
+/// The closest candidate within a small distance, or "".
+std::string closest(std::string_view word, const std::vector<std::string>& candidates);
+
+class ParamReader {
+ public:
+  ParamReader(const Params& params, std::string what) : params_(params), what_(std::move(what)) {}
+
+  double number(const std::string& key, double fallback) {
+    seen_.push_back(key);
+    auto it = params_.find(key);
+    if (it == params_.end()) return fallback;
+    if (const auto* d = std::get_if<double>(&it->second)) return *d;
+    problem(fmt::format("{}.{}: expected a number", what_, key));
+    return fallback;
+  }
+  bool flag(const std::string& key, bool fallback) {
+    seen_.push_back(key);
+    auto it = params_.find(key);
+    if (it == params_.end()) return fallback;
+    if (const auto* b = std::get_if<bool>(&it->second)) return *b;
+    problem(fmt::format("{}.{}: expected true or false", what_, key));
+    return fallback;
+  }
+  Time time(const std::string& key, Time fallback) {
+    seen_.push_back(key);
+    auto it = params_.find(key);
+    if (it == params_.end()) return fallback;
+    if (const auto* s = std::get_if<std::string>(&it->second)) {
+      auto t = Time::parse(*s);
+      if (t) return *t;
+      problem(fmt::format("{}.{}: {}", what_, key, t.error().message));
+      return fallback;
+    }
+    problem(fmt::format("{}.{}: expected a duration such as \"500ba\" or \"0.1dur\"", what_, key));
+    return fallback;
+  }
+  std::optional<Time> optional_time(const std::string& key) {
+    if (!params_.count(key)) { seen_.push_back(key); return std::nullopt; }
+    return time(key, Time{});
+  }
+  std::vector<Time> times(const std::string& key) {
+    seen_.push_back(key);
+    std::vector<Time> out;
+    auto it = params_.find(key);
+    if (it == params_.end()) {
+      problem(fmt::format("{}.{}: required (a list of durations)", what_, key));
+      return out;
+    }
+    const auto* list = std::get_if<std::vector<std::string>>(&it->second);
+    if (!list) {
+      problem(fmt::format("{}.{}: expected a list of durations such as [\"30ep\", \"60ep\"]", what_, key));
+      return out;
+    }
+    for (const auto& s : *list) {
+      if (auto t = Time::parse(s)) out.push_back(*t);
+      else problem(fmt::format("{}.{}: {}", what_, key, t.error().message));
+    }
+    return out;
+  }
+  Time required_time(const std::string& key) {
+    if (!params_.count(key)) {
+      seen_.push_back(key);
+      problem(fmt::format("{}.{}: required (a duration such as \"2ep\")", what_, key));
+      return Time::batches(1);
+    }
+    return time(key, Time{});
+  }
+
+  void problem(std::string p) { problems_.push_back(std::move(p)); }
+
+  /// Every key that was not read is an error with a suggestion; all problems in one message.
+  Expected<void> finish() {
+    for (const auto& [key, value] : params_) {
+      if (std::find(seen_.begin(), seen_.end(), key) != seen_.end()) continue;
+      const auto near = closest(key, seen_);
+      problems_.push_back(fmt::format("{}: unknown key \"{}\"{}; valid keys: {}", what_, key,
+                                      near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near),
+                                      fmt::join(seen_, ", ")));
+    }
+    if (problems_.empty()) return {};
+    return fail(ErrorCode::invalid_argument, fmt::format("{}", fmt::join(problems_, "; ")));
+  }
+
+ private:
+  const Params& params_;
+  std::string what_;
+  std::vector<std::string> seen_;
+  std::vector<std::string> problems_;
+};
+
+}  // namespace baton::detail

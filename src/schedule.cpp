@@ -1,0 +1,303 @@
+// Learning-rate schedules: pure functions of ScheduleTime.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include <fmt/format.h>
+
+#include "baton/schedule.hpp"
+#include "params_reader.hpp"
+
+namespace baton {
+
+// ---------------------------------------------------------------- ScheduleTime
+namespace {
+double batches_of(const ScheduleTime& st, Time t);
+
+double horizon_batches(const ScheduleTime& st) { return batches_of(st, st.horizon); }
+
+double batches_of(const ScheduleTime& st, Time t) {
+  switch (t.unit) {
+    case TimeUnit::epoch: return t.value * st.batches_per_epoch;
+    case TimeUnit::batch: return t.value;
+    case TimeUnit::sample: return t.value / st.samples_per_batch;
+    case TimeUnit::duration: return st.horizon.unit == TimeUnit::duration ? t.value : t.value * horizon_batches(st);
+  }
+  return t.value;
+}
+}  // namespace
+
+double ScheduleTime::in(TimeUnit unit) const {
+  switch (unit) {
+    case TimeUnit::epoch: return epoch;
+    case TimeUnit::batch: return batch;
+    case TimeUnit::sample: return sample;
+    case TimeUnit::duration: return horizon.value > 0 ? in(horizon.unit) / horizon.value : 1.0;
+  }
+  return batch;
+}
+
+double ScheduleTime::convert(Time t, TimeUnit unit) const {
+  if (t.unit == unit) return t.value;
+  if (t.unit == TimeUnit::duration && horizon.unit == unit) return t.value * horizon.value;
+  const double b = batches_of(*this, t);
+  switch (unit) {
+    case TimeUnit::epoch: return b / batches_per_epoch;
+    case TimeUnit::batch: return b;
+    case TimeUnit::sample: return b * samples_per_batch;
+    case TimeUnit::duration: return b / horizon_batches(*this);
+  }
+  return b;
+}
+
+ScheduleTime ScheduleTime::shifted(Time t) const {
+  ScheduleTime s = *this;
+  s.epoch -= convert(t, TimeUnit::epoch);
+  s.batch -= convert(t, TimeUnit::batch);
+  s.sample -= convert(t, TimeUnit::sample);
+  s.horizon.value = std::max(horizon.value - convert(t, horizon.unit), 1e-12);
+  return s;
+}
+
+ScheduleTime ScheduleTime::scaled(double ratio) const {
+  ScheduleTime s = *this;
+  s.epoch /= ratio;
+  s.batch /= ratio;
+  s.sample /= ratio;
+  return s;
+}
+
+ScheduleTime ScheduleTime::at_batch(double batch, double batches_per_epoch, double samples_per_batch, Time horizon) {
+  return ScheduleTime{batch / batches_per_epoch, batch, batch * samples_per_batch, batches_per_epoch,
+                      samples_per_batch, horizon};
+}
+
+namespace schedule {
+namespace {
+constexpr double pi = std::numbers::pi;
+
+/// Fraction of `over` elapsed, clamped to [0, 1].
+double progress(const ScheduleTime& t, Time over) {
+  return std::clamp(t.in(over.unit) / over.value, 0.0, 1.0);
+}
+
+double cos_anneal(double from, double to, double p) { return to + (from - to) * 0.5 * (1.0 + std::cos(pi * p)); }
+}  // namespace
+
+Schedule constant(double value) {
+  return {fmt::format("constant({})", value), [value](const ScheduleTime&) { return value; }, std::nullopt};
+}
+
+Schedule step(Time step_size, double gamma) {
+  return {fmt::format("step({}, {})", step_size.to_string(), gamma),
+          [=](const ScheduleTime& t) {
+            return std::pow(gamma, std::floor(t.in(step_size.unit) / step_size.value));
+          },
+          std::nullopt};
+}
+
+Schedule multistep(std::vector<Time> milestones, double gamma) {
+  return {fmt::format("multistep({} milestones, {})", milestones.size(), gamma),
+          [=](const ScheduleTime& t) {
+            int passed = 0;
+            for (const auto& m : milestones) passed += t.in(m.unit) >= m.value ? 1 : 0;
+            return std::pow(gamma, passed);
+          },
+          std::nullopt};
+}
+
+Schedule exponential(double gamma, Time period) {
+  return {fmt::format("exponential({}, {})", gamma, period.to_string()),
+          [=](const ScheduleTime& t) { return std::pow(gamma, t.in(period.unit) / period.value); }, std::nullopt};
+}
+
+Schedule linear(double from, double to, Time over) {
+  return {fmt::format("linear({} -> {} over {})", from, to, over.to_string()),
+          [=](const ScheduleTime& t) { return from + (to - from) * progress(t, over); }, std::nullopt};
+}
+
+Schedule polynomial(double power, double from, double to, Time over) {
+  return {fmt::format("polynomial(power {}, {} -> {} over {})", power, from, to, over.to_string()),
+          [=](const ScheduleTime& t) { return to + (from - to) * std::pow(1.0 - progress(t, over), power); },
+          std::nullopt};
+}
+
+Schedule cosine(Time over, double to) {
+  return {fmt::format("cosine(over {}, to {})", over.to_string(), to),
+          [=](const ScheduleTime& t) { return cos_anneal(1.0, to, progress(t, over)); }, std::nullopt};
+}
+
+Schedule cosine_warm_restarts(Time period, double period_mult, double to) {
+  return {fmt::format("cosine_warm_restarts({}, x{}, to {})", period.to_string(), period_mult, to),
+          [=](const ScheduleTime& t) {
+            const double x = std::max(0.0, t.in(period.unit)), t0 = period.value;
+            double start = 0, length = t0;
+            if (period_mult == 1.0) {
+              start = std::floor(x / t0) * t0;
+            } else {
+              // Cycle n starts at t0 (m^n - 1) / (m - 1) and lasts t0 m^n.
+              const double n = std::floor(std::log(x / t0 * (period_mult - 1.0) + 1.0) / std::log(period_mult));
+              start = t0 * (std::pow(period_mult, n) - 1.0) / (period_mult - 1.0);
+              length = t0 * std::pow(period_mult, n);
+              if (x - start >= length) start += length, length *= period_mult;  // rounding at a boundary
+            }
+            return cos_anneal(1.0, to, (x - start) / length);
+          },
+          std::nullopt};
+}
+
+Schedule one_cycle(Time over, double peak, double pct_start, double div_factor, double final_div_factor) {
+  return {fmt::format("one_cycle(over {}, peak {}, pct_start {})", over.to_string(), peak, pct_start),
+          [=](const ScheduleTime& t) {
+            const double f = progress(t, over);
+            const double initial = peak / div_factor, lowest = initial / final_div_factor;
+            if (f < pct_start) return cos_anneal(initial, peak, f / pct_start);
+            return cos_anneal(peak, lowest, (f - pct_start) / (1.0 - pct_start));
+          },
+          std::nullopt};
+}
+
+Schedule inverse_sqrt(Time warmup) {
+  return {fmt::format("inverse_sqrt({})", warmup.to_string()),
+          [=](const ScheduleTime& t) {
+            const double x = t.in(warmup.unit);
+            return x <= warmup.value ? 1.0 : std::sqrt(warmup.value / x);
+          },
+          std::nullopt};
+}
+
+Schedule linear_warmup(Time warmup, Schedule after, double from) {
+  auto name = fmt::format("linear_warmup({}) then {}", warmup.to_string(), after.name);
+  return {std::move(name),
+          [=](const ScheduleTime& t) {
+            const ScheduleTime rest = t.shifted(warmup);
+            const double x = t.in(warmup.unit);
+            if (x >= warmup.value) return after(rest);
+            ScheduleTime zero = rest;  // `after` at its own time zero: the level the warm-up reaches
+            zero.epoch = zero.batch = zero.sample = 0;
+            return (from + (1.0 - from) * std::max(0.0, x) / warmup.value) * after(zero);
+          },
+          warmup};
+}
+
+Schedule join(std::vector<Schedule> schedules, std::vector<Time> boundaries) {
+  std::string name = "join(";
+  for (std::size_t i = 0; i < schedules.size(); ++i)
+    name += (i ? ", " : "") + schedules[i].name + (i < boundaries.size() ? " until " + boundaries[i].to_string() : "");
+  name += ")";
+  auto warm = schedules.empty() ? std::nullopt : schedules.front().warmup;
+  return {std::move(name),
+          [schedules = std::move(schedules), boundaries = std::move(boundaries)](const ScheduleTime& t) {
+            std::size_t i = 0;
+            while (i < boundaries.size() && t.in(boundaries[i].unit) >= boundaries[i].value) ++i;
+            if (i >= schedules.size()) return 1.0;
+            return i == 0 ? schedules[0](t) : schedules[i](t.shifted(boundaries[i - 1]));
+          },
+          warm};
+}
+
+Schedule scale(Schedule s, double ratio) {
+  auto warm = s.warmup;
+  if (warm) warm->value *= ratio;
+  auto name = fmt::format("{} scaled x{}", s.name, ratio);
+  return {std::move(name), [s = std::move(s), ratio](const ScheduleTime& t) { return s(t.scaled(ratio)); }, warm};
+}
+
+const std::vector<std::string>& names() {
+  static const std::vector<std::string> all = {"constant", "step", "multistep", "exponential", "linear",
+                                               "polynomial", "cosine", "cosine_warm_restarts", "one_cycle",
+                                               "inverse_sqrt"};
+  return all;
+}
+
+Expected<Schedule> from_name(const std::string& name, const Params& params) {
+  detail::ParamReader r(params, "schedule");
+  auto positive = [&r](const char* key, double v) {
+    if (!(v > 0) || !std::isfinite(v)) r.problem(fmt::format("schedule.{}: must be > 0, got {}", key, v));
+    return v;
+  };
+  auto positive_time = [&r](const char* key, Time t) {
+    if (!(t.value > 0)) r.problem(fmt::format("schedule.{}: must be more than zero, got \"{}\"", key, t.to_string()));
+    return t;
+  };
+  Schedule s;
+  if (name == "constant") {
+    s = constant(r.number("value", 1.0));
+  } else if (name == "step") {
+    const Time size = positive_time("step_size", r.required_time("step_size"));
+    s = step(size, positive("gamma", r.number("gamma", 0.1)));
+  } else if (name == "multistep") {
+    auto ms = r.times("milestones");
+    s = multistep(std::move(ms), positive("gamma", r.number("gamma", 0.1)));
+  } else if (name == "exponential") {
+    const double gamma = positive("gamma", r.number("gamma", 0.95));
+    s = exponential(gamma, positive_time("period", r.time("period", Time::epochs(1))));
+  } else if (name == "linear") {
+    const double from = r.number("from", 1.0), to = r.number("to", 0.0);
+    s = linear(from, to, positive_time("over", r.time("over", Time::fraction(1.0))));
+  } else if (name == "polynomial") {
+    const double power = positive("power", r.number("power", 1.0));
+    const double from = r.number("from", 1.0), to = r.number("to", 0.0);
+    s = polynomial(power, from, to, positive_time("over", r.time("over", Time::fraction(1.0))));
+  } else if (name == "cosine") {
+    const Time over = positive_time("over", r.time("over", Time::fraction(1.0)));
+    s = cosine(over, r.number("to", 0.0));
+  } else if (name == "cosine_warm_restarts") {
+    const Time period = positive_time("period", r.required_time("period"));
+    const double mult = positive("period_mult", r.number("period_mult", 1.0));
+    s = cosine_warm_restarts(period, mult, r.number("to", 0.0));
+  } else if (name == "one_cycle") {
+    const Time over = positive_time("over", r.time("over", Time::fraction(1.0)));
+    const double peak = positive("peak", r.number("peak", 1.0));
+    const double pct = r.number("pct_start", 0.3);
+    if (!(pct > 0 && pct < 1)) r.problem(fmt::format("schedule.pct_start: must be in (0, 1), got {}", pct));
+    const double div = positive("div_factor", r.number("div_factor", 25.0));
+    s = one_cycle(over, peak, pct, div, positive("final_div_factor", r.number("final_div_factor", 1e4)));
+  } else if (name == "inverse_sqrt") {
+    s = inverse_sqrt(positive_time("warmup", r.required_time("warmup")));
+  } else {
+    const auto near = detail::closest(name, names());
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("unknown schedule \"{}\"{}; valid schedules: {}", name,
+                            near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(names(), ", ")));
+  }
+  if (name != "inverse_sqrt") {
+    if (auto w = r.optional_time("warmup")) {
+      const double from = r.number("warmup_from", 0.0);
+      s = linear_warmup(positive_time("warmup", *w), std::move(s), from);
+    } else {
+      r.number("warmup_from", 0.0);
+    }
+  }
+  const double ratio = positive("scale", r.number("scale", 1.0));
+  if (ratio != 1.0) s = scale(std::move(s), ratio);
+  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+  return s;
+}
+}  // namespace schedule
+
+namespace detail {
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::max<std::size_t>(2, word.size() / 3) + 1;
+  for (const auto& c : candidates) {
+    const auto d = edit_distance(word, c);
+    if (d < best_d) best = c, best_d = d;
+  }
+  return best;
+}
+}  // namespace detail
+
+}  // namespace baton
