@@ -56,12 +56,15 @@ Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_v
 
 /// Copies tensors whose name and shape match from `from` into `to`; reports what it did.
 void transfer_tensors(const torch::OrderedDict<std::string, torch::Tensor>& from,
-                      const torch::OrderedDict<std::string, torch::Tensor>& to, TransferReport& report,
-                      std::vector<std::string>* copied_params) {
+                      const torch::OrderedDict<std::string, torch::Tensor>& to, const std::vector<std::string>& fresh,
+                      TransferReport& report, std::vector<std::string>* copied_params) {
   torch::NoGradGuard no_grad;
   for (const auto& item : to) {
     const auto* src = from.find(item.key());
-    if (src == nullptr) {
+    if (src != nullptr && std::any_of(fresh.begin(), fresh.end(), [&](const auto& p) { return matches(p, item.key()); })) {
+      report.skipped.push_back(fmt::format("{} (initialized anew by request)", item.key()));
+      report.initialized.push_back(item.key());
+    } else if (src == nullptr) {
       report.initialized.push_back(item.key());
     } else if (src->sizes() != item.value().sizes()) {
       report.skipped.push_back(fmt::format("{} (shape {} in the source, {} here)", item.key(),
@@ -118,8 +121,8 @@ std::optional<TransferReport> begin_stage(const TrainingSpec& spec, TrainState& 
       const torch::nn::Module& source = spec.model.source ? *spec.model.source->model.module : *s.model.module;
       TransferReport r;
       std::vector<std::string> copied_params;
-      transfer_tensors(source.named_parameters(), fresh.module->named_parameters(), r, &copied_params);
-      transfer_tensors(source.named_buffers(), fresh.module->named_buffers(), r, nullptr);
+      transfer_tensors(source.named_parameters(), fresh.module->named_parameters(), spec.model.fresh, r, &copied_params);
+      transfer_tensors(source.named_buffers(), fresh.module->named_buffers(), spec.model.fresh, r, nullptr);
       fresh.module->train(true);
       // Moments continue (with Carry::keep) only for weights copied from the incoming state.
       OptimizerState kept;

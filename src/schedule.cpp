@@ -76,6 +76,13 @@ namespace schedule {
 namespace {
 constexpr double pi = std::numbers::pi;
 
+/// How many whole `period`s fit in `x`, robust to rounding: 0.6 / 0.2 is 2.9999999999999996 in
+/// doubles, and a boundary must switch exactly at its time.
+double whole_periods(double x, double period) { return std::floor(x / period + 1e-9); }
+
+/// Has time reached `t` (with the same tolerance)?
+bool reached(const ScheduleTime& now, Time t) { return now.in(t.unit) >= t.value - 1e-9 * std::max(1.0, std::abs(t.value)); }
+
 /// Fraction of `over` elapsed, clamped to [0, 1].
 double progress(const ScheduleTime& t, Time over) {
   return std::clamp(t.in(over.unit) / over.value, 0.0, 1.0);
@@ -91,7 +98,7 @@ Schedule constant(double value) {
 Schedule step(Time step_size, double gamma) {
   return {fmt::format("step({}, {})", step_size.to_string(), gamma),
           [=](const ScheduleTime& t) {
-            return std::pow(gamma, std::floor(t.in(step_size.unit) / step_size.value));
+            return std::pow(gamma, whole_periods(t.in(step_size.unit), step_size.value));
           },
           std::nullopt};
 }
@@ -100,7 +107,7 @@ Schedule multistep(std::vector<Time> milestones, double gamma) {
   return {fmt::format("multistep({} milestones, {})", milestones.size(), gamma),
           [=](const ScheduleTime& t) {
             int passed = 0;
-            for (const auto& m : milestones) passed += t.in(m.unit) >= m.value ? 1 : 0;
+            for (const auto& m : milestones) passed += reached(t, m) ? 1 : 0;
             return std::pow(gamma, passed);
           },
           std::nullopt};
@@ -133,7 +140,7 @@ Schedule cosine_warm_restarts(Time period, double period_mult, double to) {
             const double x = std::max(0.0, t.in(period.unit)), t0 = period.value;
             double start = 0, length = t0;
             if (period_mult == 1.0) {
-              start = std::floor(x / t0) * t0;
+              start = whole_periods(x, t0) * t0;
             } else {
               // Cycle n starts at t0 (m^n - 1) / (m - 1) and lasts t0 m^n.
               const double n = std::floor(std::log(x / t0 * (period_mult - 1.0) + 1.0) / std::log(period_mult));
@@ -172,7 +179,7 @@ Schedule linear_warmup(Time warmup, Schedule after, double from) {
           [=](const ScheduleTime& t) {
             const ScheduleTime rest = t.shifted(warmup);
             const double x = t.in(warmup.unit);
-            if (x >= warmup.value) return after(rest);
+            if (reached(t, warmup)) return after(rest);
             ScheduleTime zero = rest;  // `after` at its own time zero: the level the warm-up reaches
             zero.epoch = zero.batch = zero.sample = 0;
             return (from + (1.0 - from) * std::max(0.0, x) / warmup.value) * after(zero);
@@ -189,7 +196,7 @@ Schedule join(std::vector<Schedule> schedules, std::vector<Time> boundaries) {
   return {std::move(name),
           [schedules = std::move(schedules), boundaries = std::move(boundaries)](const ScheduleTime& t) {
             std::size_t i = 0;
-            while (i < boundaries.size() && t.in(boundaries[i].unit) >= boundaries[i].value) ++i;
+            while (i < boundaries.size() && reached(t, boundaries[i])) ++i;
             if (i >= schedules.size()) return 1.0;
             return i == 0 ? schedules[0](t) : schedules[i](t.shifted(boundaries[i - 1]));
           },

@@ -76,3 +76,61 @@ TEST_CASE("keeping moments of another optimizer kind is an error that suggests f
   CHECK(fresh->optimizer.kind == "adam");
   CHECK(fresh->optimizer.params.begin()->second.step == 2);  // started from empty moments
 }
+
+TEST_CASE("AdamW, RMSprop and Adagrad match torch::optim bit for bit", "[optim]") {
+  using namespace torch::optim;
+  compare<AdamW>(baton::optim::adamw({.lr = 1e-2}), AdamWOptions(1e-2));
+  compare<AdamW>(baton::optim::adamw({.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true}),
+                 AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
+  compare<RMSprop>(baton::optim::rmsprop({.lr = 1e-2}), RMSpropOptions(1e-2));
+  compare<RMSprop>(baton::optim::rmsprop({.lr = 1e-2, .alpha = 0.9, .weight_decay = 1e-2, .momentum = 0.5, .centered = true}),
+                   RMSpropOptions(1e-2).alpha(0.9).weight_decay(1e-2).momentum(0.5).centered(true));
+  compare<Adagrad>(baton::optim::adagrad({.lr = 0.1}), AdagradOptions(0.1));
+  compare<Adagrad>(baton::optim::adagrad({.lr = 0.1, .lr_decay = 0.01, .weight_decay = 1e-2, .initial_accumulator_value = 0.1}),
+                   AdagradOptions(0.1).lr_decay(0.01).weight_decay(1e-2).initial_accumulator_value(0.1));
+}
+
+TEST_CASE("parameter groups by name pattern: their own lr and weight decay", "[optim][groups]") {
+  const auto data = test::blobs(128);
+  auto s = test::new_state();
+  // bn_dropout_mlp: 0 = Linear(8,16), 1 = BatchNorm1d, 4 = Linear(16,4)
+  auto sp = test::spec(data, baton::Time::epochs(1))
+                .with_optimizer(baton::optim::sgd({.lr = 0.1, .weight_decay = 1e-2})
+                                    .with_groups({{.patterns = {"0.*"}, .lr = 0.0},
+                                                  {.patterns = {"*.bias", "1.*"}, .weight_decay = 0.0}}),
+                                baton::Carry::fresh);
+  auto trained = test::ok(baton::fit(sp, s));
+  const auto before = s.named_parameters(), after = trained.named_parameters();
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    INFO(before[i].first);
+    const bool first_layer = before[i].first.rfind("0.", 0) == 0;
+    CHECK(before[i].second.equal(after[i].second) == first_layer);  // lr 0: unchanged; others trained
+  }
+  auto typo = sp.with_optimizer(baton::optim::sgd({.lr = 0.1}).with_groups({{.patterns = {"backbone.*"}, .lr = 0.0}}),
+                                baton::Carry::fresh);
+  auto r = baton::fit(typo, s);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("backbone.*") && Catch::Contains("match no parameter") &&
+                                    Catch::Contains("0.weight"));
+}
+
+TEST_CASE("optimizers are built by name, with errors that list valid names and keys", "[optim][names]") {
+  auto sgd = baton::optim::from_name("sgd", {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", true}});
+  REQUIRE(sgd);
+  CHECK(sgd->kind() == "sgd");
+  CHECK(std::get<baton::SgdOptions>(sgd->options).nesterov);
+  for (const auto& name : baton::optim::names()) CHECK(baton::optim::from_name(name, {{"lr", 0.01}}));
+  auto unknown = baton::optim::from_name("adamm", {});
+  REQUIRE_FALSE(unknown);
+  CHECK_THAT(unknown.error().message, Catch::Contains("unknown optimizer \"adamm\"") && Catch::Contains("did you mean") &&
+                                          Catch::Contains("rmsprop"));
+  auto key = baton::optim::from_name("adam", {{"betas1", 0.9}});
+  REQUIRE_FALSE(key);
+  CHECK_THAT(key.error().message, Catch::Contains("unknown key \"betas1\"") && Catch::Contains("beta1"));
+  auto negative = baton::optim::from_name("sgd", {{"lr", -0.1}});
+  REQUIRE_FALSE(negative);
+  CHECK_THAT(negative.error().message, Catch::Contains("optimizer.lr") && Catch::Contains("-0.1"));
+  auto type = baton::optim::from_name("sgd", {{"nesterov", 1.0}});
+  REQUIRE_FALSE(type);
+  CHECK_THAT(type.error().message, Catch::Contains("optimizer.nesterov: expected true or false"));
+}

@@ -72,9 +72,9 @@ struct AdagradOptions {
 /// first group whose pattern matches a parameter takes it; the others use the base options.
 /// A pattern that matches no parameter is an error (it is almost always a typo).
 struct ParamGroup {
-  std::vector<std::string> patterns;
-  std::optional<double> lr;            ///< default: the optimizer's
-  std::optional<double> weight_decay;  ///< default: the optimizer's
+  std::vector<std::string> patterns{};
+  std::optional<double> lr{};            ///< default: the optimizer's
+  std::optional<double> weight_decay{};  ///< default: the optimizer's
 };
 
 /// An optimizer's hyperparameters; which kind it is follows from the options held.
@@ -85,8 +85,8 @@ struct ParamGroup {
 ///                              {.patterns = {"*.bias", "*bn*"}, .weight_decay = 0.0}});
 /// ```
 struct Optimizer {
-  std::variant<SgdOptions, AdamOptions, AdamWOptions, RmspropOptions, AdagradOptions> options;
-  std::vector<ParamGroup> groups;
+  std::variant<SgdOptions, AdamOptions, AdamWOptions, RmspropOptions, AdagradOptions> options{};
+  std::vector<ParamGroup> groups{};
 
   [[nodiscard]] std::string_view kind() const;  ///< "sgd", "adam", "adamw", "rmsprop" or "adagrad"
   [[nodiscard]] double lr() const;              ///< the base learning rate

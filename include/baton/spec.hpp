@@ -52,13 +52,22 @@ struct ModelCarry {
                    ///< match from `source` (default: the incoming state)
   };
   Kind kind = Kind::keep;
-  ModelFactory factory;                      ///< architecture for reinitialize/transfer; default: the state's
-  std::shared_ptr<const TrainState> source;  ///< transfer from this state instead of the incoming one
+  ModelFactory factory{};                    ///< architecture for reinitialize/transfer; default: the state's
+  std::shared_ptr<const TrainState> source{};  ///< transfer from this state instead of the incoming one
+  std::vector<std::string> fresh{};          ///< transfer: name patterns initialized anew even if they match
+
+  /// A copy that initializes parameters matching `patterns` anew in a transfer (a new head of the
+  /// same shape): `ModelCarry::transfer().reinitializing({"head.*"})`.
+  [[nodiscard]] ModelCarry reinitializing(std::vector<std::string> patterns) const {
+    ModelCarry copy = *this;
+    copy.fresh = std::move(patterns);
+    return copy;
+  }
 
   static ModelCarry keep() { return {}; }
-  static ModelCarry reinitialize(ModelFactory factory = {}) { return {Kind::reinitialize, std::move(factory), nullptr}; }
+  static ModelCarry reinitialize(ModelFactory factory = {}) { return {Kind::reinitialize, std::move(factory), nullptr, {}}; }
   static ModelCarry transfer(ModelFactory factory = {}, std::shared_ptr<const TrainState> source = nullptr) {
-    return {Kind::transfer, std::move(factory), std::move(source)};
+    return {Kind::transfer, std::move(factory), std::move(source), {}};
   }
 };
 
