@@ -1,0 +1,580 @@
+// Checkpoints: a whole TrainState in one file, written atomically, verified on load.
+// The byte layout is specified in docs/checkpoint.md; keep the two in step.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <openssl/evp.h>
+#include <torch/torch.h>
+
+#include "baton/checkpoint.hpp"
+#include "detail.hpp"
+
+namespace baton {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Integers are written in host order and tensor bytes raw, so the host order must be the format's.
+static_assert(std::endian::native == std::endian::little, "baton checkpoints are little-endian");
+
+constexpr std::string_view kMagic = "BATONCKP";
+constexpr std::size_t kDigestSize = 32;
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new(), &EVP_MD_CTX_free) {
+    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
+      detail::raise(ErrorCode::runtime, "OpenSSL could not initialize SHA-256");
+  }
+  void update(const void* data, std::size_t n) {
+    if (n > 0 && EVP_DigestUpdate(ctx_.get(), data, n) != 1) detail::raise(ErrorCode::runtime, "OpenSSL SHA-256 failed");
+  }
+  void update(std::string_view s) { update(s.data(), s.size()); }
+  std::array<unsigned char, kDigestSize> finish() {
+    std::array<unsigned char, kDigestSize> out{};
+    unsigned int n = 0;
+    if (EVP_DigestFinal_ex(ctx_.get(), out.data(), &n) != 1 || n != kDigestSize)
+      detail::raise(ErrorCode::runtime, "OpenSSL SHA-256 failed");
+    return out;
+  }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
+};
+
+std::string hex(const std::array<unsigned char, kDigestSize>& d) {
+  std::string s;
+  for (unsigned char c : d) s += fmt::format("{:02x}", c);
+  return s;
+}
+
+template <class T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// Stable dtype names: the file must not depend on c10's enum numbering.
+constexpr std::pair<at::ScalarType, std::string_view> kDtypes[] = {
+    {at::ScalarType::Float, "float32"},   {at::ScalarType::Double, "float64"},
+    {at::ScalarType::Half, "float16"},    {at::ScalarType::BFloat16, "bfloat16"},
+    {at::ScalarType::Long, "int64"},      {at::ScalarType::Int, "int32"},
+    {at::ScalarType::Short, "int16"},     {at::ScalarType::Char, "int8"},
+    {at::ScalarType::Byte, "uint8"},      {at::ScalarType::Bool, "bool"},
+    {at::ScalarType::ComplexFloat, "complex64"}, {at::ScalarType::ComplexDouble, "complex128"},
+};
+
+std::optional<std::string_view> dtype_name(at::ScalarType t) {
+  for (const auto& [type, name] : kDtypes)
+    if (type == t) return name;
+  return std::nullopt;
+}
+
+std::optional<at::ScalarType> dtype_of(std::string_view name) {
+  for (const auto& [type, n] : kDtypes)
+    if (n == name) return type;
+  return std::nullopt;
+}
+
+/// The bytes a tensor is stored as: contiguous, on the CPU. Undefined stays undefined.
+torch::Tensor host(const torch::Tensor& t) { return t.defined() ? t.detach().to(torch::kCPU).contiguous() : t; }
+
+std::uint64_t byte_size(const torch::Tensor& t) {
+  return t.defined() ? static_cast<std::uint64_t>(t.numel()) * t.element_size() : 0;
+}
+
+// ------------------------------------------------------------------ header (JSON)
+json to_json(const Timestamp& t) {
+  return {{"epoch", t.epoch}, {"batch", t.batch}, {"sample", t.sample},
+          {"batch_in_epoch", t.batch_in_epoch}, {"sample_in_epoch", t.sample_in_epoch}};
+}
+
+Timestamp timestamp_of(const json& j) {
+  return {j.at("epoch").get<std::int64_t>(), j.at("batch").get<std::int64_t>(), j.at("sample").get<std::int64_t>(),
+          j.at("batch_in_epoch").get<std::int64_t>(), j.at("sample_in_epoch").get<std::int64_t>()};
+}
+
+// JSON has no NaN or infinity; a stage that took no step records a NaN loss.
+json to_json(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+}
+
+double real_of(const json& j) {
+  if (j.is_number()) return j.get<double>();
+  const auto s = j.get<std::string>();
+  if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+  if (s == "inf" || s == "-inf") return (s[0] == '-' ? -1 : 1) * std::numeric_limits<double>::infinity();
+  throw std::invalid_argument(fmt::format("\"{}\" is not a number", s));
+}
+
+json to_json(const StageRecord& r) {
+  json j = {{"name", r.name}, {"start", to_json(r.start)}, {"end", to_json(r.end)},
+            {"last_loss", to_json(r.last_loss)}, {"last_lr", to_json(r.last_lr)},
+            {"last_grad_norm", to_json(r.last_grad_norm)}, {"transfer", nullptr}};
+  if (r.transfer)
+    j["transfer"] = {{"copied", r.transfer->copied}, {"skipped", r.transfer->skipped},
+                     {"initialized", r.transfer->initialized}};
+  return j;
+}
+
+StageRecord record_of(const json& j) {
+  StageRecord r{j.at("name").get<std::string>(), timestamp_of(j.at("start")), timestamp_of(j.at("end")),
+                real_of(j.at("last_loss")), real_of(j.at("last_lr")), real_of(j.at("last_grad_norm")), std::nullopt};
+  if (const auto& t = j.at("transfer"); !t.is_null())
+    r.transfer = TransferReport{t.at("copied").get<std::vector<std::string>>(),
+                                t.at("skipped").get<std::vector<std::string>>(),
+                                t.at("initialized").get<std::vector<std::string>>()};
+  return r;
+}
+
+/// One stored tensor, in the order of the data section.
+struct Entry {
+  std::string group;  // "parameter", "buffer", "optimizer_slot" or "rng"
+  std::string name;   // module name; for a slot, its parameter's name
+  std::int64_t slot = 0;
+  torch::Tensor tensor;  // host(): contiguous CPU, or undefined
+};
+
+std::vector<Entry> entries_of(const TrainState& s) {
+  std::vector<Entry> out;
+  for (auto& [name, t] : s.named_parameters()) out.push_back({"parameter", name, 0, host(t)});
+  for (auto& [name, t] : s.named_buffers()) out.push_back({"buffer", name, 0, host(t)});
+  for (const auto& [name, ps] : s.optimizer.params)
+    for (std::size_t i = 0; i < ps.slots.size(); ++i)
+      out.push_back({"optimizer_slot", name, static_cast<std::int64_t>(i), host(ps.slots[i])});
+  out.push_back({"rng", "rng", 0, host(s.rng)});
+  return out;
+}
+
+std::string encode_header(const TrainState& s, const CheckpointMeta& meta, const std::vector<Entry>& entries) {
+  json history = json::array(), opt_params = json::array(), tensors = json::array();
+  for (const auto& r : s.history) history.push_back(to_json(r));
+  for (const auto& [name, ps] : s.optimizer.params)
+    opt_params.push_back({{"name", name}, {"step", ps.step}, {"slots", ps.slots.size()}});
+  std::uint64_t offset = 0;
+  for (const auto& e : entries) {
+    json d = {{"group", e.group}, {"name", e.name}, {"slot", e.slot}, {"defined", e.tensor.defined()}};
+    if (e.tensor.defined()) {
+      const auto dtype = dtype_name(e.tensor.scalar_type());
+      if (!dtype || e.tensor.layout() != torch::kStrided || e.tensor.is_quantized())
+        detail::raise(ErrorCode::invalid_argument,
+                      fmt::format("{} \"{}\" has dtype {} and layout {}, which checkpoints do not store (dense "
+                                  "float, integer, bool and complex tensors only)",
+                                  e.group, e.name, c10::toString(e.tensor.scalar_type()), c10::str(e.tensor.layout())));
+      d["dtype"] = *dtype;
+      d["shape"] = e.tensor.sizes().vec();
+      d["offset"] = offset;
+      d["nbytes"] = byte_size(e.tensor);
+      offset += byte_size(e.tensor);
+    }
+    tensors.push_back(std::move(d));
+  }
+  const json header = {
+      {"meta", {{"run_name", meta.run_name}, {"config_fingerprint", meta.config_fingerprint},
+                {"stage_index", meta.stage_index}, {"extra", meta.extra}}},
+      {"time", to_json(s.time)},
+      {"stage", s.stage},
+      {"stage_start", to_json(s.stage_start)},
+      {"seed", s.seed},
+      {"max_duration", s.max_duration.to_string()},
+      {"history", std::move(history)},
+      {"optimizer", {{"kind", s.optimizer.kind}, {"params", std::move(opt_params)}}},
+      {"params_sha256", params_sha256(s)},
+      {"tensors", std::move(tensors)},
+  };
+  try {
+    return header.dump(1);
+  } catch (const json::exception& e) {  // e.g. a stage name that is not UTF-8
+    detail::raise(ErrorCode::invalid_argument, fmt::format("cannot encode the checkpoint header: {}", e.what()));
+  }
+}
+
+// ------------------------------------------------------------------ writing
+/// `what` is a callable so that errno is read before building the message can change it.
+template <class What>
+[[noreturn]] void raise_io(const fs::path& path, What&& what) {
+  const int err = errno;
+  detail::raise(ErrorCode::io, fmt::format("cannot save checkpoint \"{}\": {}: {}", path.string(), what(), std::strerror(err)));
+}
+
+/// A temporary file beside the target that becomes the target on `commit` and is removed
+/// otherwise (including when an exception leaves the scope).
+class AtomicFile {
+ public:
+  explicit AtomicFile(fs::path target) : target_(std::move(target)) {
+    const fs::path dir = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
+    tmp_ = dir / fmt::format(".{}.tmp-{}", target_.filename().string(), ::getpid());
+    // O_NOFOLLOW: a stale link left at the temporary name must not redirect the write.
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd_ < 0) raise_io(target_, [&] { return fmt::format("cannot create the temporary file \"{}\"", tmp_.string()); });
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+
+  void write(const void* data, std::size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) raise_io(target_, [&] { return fmt::format("cannot write \"{}\"", tmp_.string()); });
+      p += w, n -= static_cast<std::size_t>(w);
+    }
+  }
+
+  void commit() {
+    if (::fsync(fd_) != 0) raise_io(target_, [&] { return fmt::format("cannot sync \"{}\"", tmp_.string()); });
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) raise_io(target_, [&] { return fmt::format("cannot close \"{}\"", tmp_.string()); });
+    if (::rename(tmp_.c_str(), target_.c_str()) != 0)
+      raise_io(target_, [&] { return fmt::format("cannot rename \"{}\" over it", tmp_.string()); });
+    committed_ = true;
+    // The rename is durable only once the directory entry is.
+    const fs::path dir = tmp_.parent_path();
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+      raise_io(target_, [&] { return fmt::format("written, but cannot open directory \"{}\" to sync it", dir.string()); });
+    const int rc = ::fsync(dfd), err = errno;
+    ::close(dfd);
+    errno = err;
+    if (rc != 0 && err != EINVAL)  // EINVAL: the file system cannot sync directories
+      raise_io(target_, [&] { return fmt::format("written, but cannot sync directory \"{}\"", dir.string()); });
+  }
+
+ private:
+  fs::path target_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// ------------------------------------------------------------------ reading
+std::string read_all(const fs::path& path) {
+  auto fail_io = [&](const char* what) {
+    const int err = errno;
+    detail::raise(ErrorCode::io, fmt::format("cannot {} checkpoint \"{}\": {}", what, path.string(), std::strerror(err)));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_io("open");
+  std::unique_ptr<const int, void (*)(const int*)> closer(&fd, [](const int* f) { ::close(*f); });
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) fail_io("stat");
+  if (!S_ISREG(st.st_mode))
+    detail::raise(ErrorCode::io, fmt::format("cannot read checkpoint \"{}\": not a regular file", path.string()));
+  std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail_io("read");
+    if (r == 0) break;  // shrank while reading: the checks below see a truncated file
+    got += static_cast<std::size_t>(r);
+  }
+  bytes.resize(got);
+  return bytes;
+}
+
+/// A checkpoint whose framing and checksum have been verified.
+struct Verified {
+  std::uint32_t version = 0;
+  json header;
+  std::string_view data;  // the tensor data section, inside `bytes`
+  std::string bytes;
+};
+
+[[noreturn]] void raise_data(const fs::path& path, const std::string& what) {
+  detail::raise(ErrorCode::data, fmt::format("checkpoint \"{}\": {}", path.string(), what));
+}
+
+Verified read_verified(const fs::path& path) {
+  Verified v;
+  v.bytes = read_all(path);
+  const std::string_view b = v.bytes;
+  std::size_t at = 0;
+  // Every length is checked against what remains before it is used.
+  auto need = [&](std::uint64_t n, const char* part) {
+    if (n > b.size() - at)
+      raise_data(path, fmt::format("truncated: the file ends ({} bytes) inside the {} (an interrupted copy?)",
+                                   b.size(), part));
+  };
+  auto take = [&]<class T>(T& out, const char* part) {
+    need(sizeof out, part);
+    std::memcpy(&out, b.data() + at, sizeof out);
+    at += sizeof out;
+  };
+  const std::size_t magic_seen = std::min(b.size(), kMagic.size());
+  if (b.substr(0, magic_seen) != kMagic.substr(0, magic_seen))
+    raise_data(path, "not a baton checkpoint (it does not start with \"BATONCKP\")");
+  need(kMagic.size(), "magic");
+  at = kMagic.size();
+  take(v.version, "format version");
+  // Before the checksum: a newer version may frame its content differently.
+  if (v.version > checkpoint_format_version)
+    raise_data(path, fmt::format("format version {} is newer than this baton reads (version {}); upgrade baton to load it",
+                                 v.version, checkpoint_format_version));
+  if (v.version == 0) raise_data(path, "format version 0 is not valid: the file is corrupt");
+  std::uint64_t header_size = 0, data_size = 0;
+  take(header_size, "header length");
+  need(header_size, "header");
+  const std::string_view header = b.substr(at, header_size);
+  at += header_size;
+  take(data_size, "tensor data length");
+  need(data_size, "tensor data");
+  v.data = b.substr(at, data_size);
+  at += data_size;
+  need(kDigestSize, "checksum");
+  if (b.size() - at > kDigestSize)
+    raise_data(path, fmt::format("{} unexpected bytes after the checksum: the file is corrupt", b.size() - at - kDigestSize));
+  Sha256 sha;
+  sha.update(b.substr(0, at));
+  const auto digest = sha.finish();
+  if (std::memcmp(digest.data(), b.data() + at, kDigestSize) != 0)
+    raise_data(path, "checksum mismatch: the file is corrupt");
+  v.header = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (!v.header.is_object()) raise_data(path, "the header is not a JSON object: the file is corrupt");
+  return v;
+}
+
+/// Runs `f`, turning a header that lacks a field or holds the wrong type into a data error.
+template <class F>
+auto decode(const fs::path& path, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const json::exception& e) {
+    raise_data(path, fmt::format("malformed header: {}", e.what()));
+  } catch (const std::invalid_argument& e) {
+    raise_data(path, fmt::format("malformed header: {}", e.what()));
+  }
+}
+
+/// Everything of the header but the tensor descriptors.
+struct Header {
+  CheckpointInfo info;
+  Timestamp stage_start;
+  std::vector<StageRecord> history;
+  OptimizerState optimizer;  // steps and slot counts; the slot tensors come from the data section
+};
+
+Header decode_header(const Verified& v, const fs::path& path) {
+  return decode(path, [&] {
+    const json& h = v.header;
+    const json& m = h.at("meta");
+    Header out;
+    CheckpointInfo& info = out.info;
+    info.format_version = v.version;
+    info.meta = {m.at("run_name").get<std::string>(), m.at("config_fingerprint").get<std::string>(),
+                 m.at("stage_index").get<std::int64_t>(), m.at("extra").get<std::map<std::string, std::string>>()};
+    info.time = timestamp_of(h.at("time"));
+    info.stage = h.at("stage").get<std::string>();
+    info.seed = h.at("seed").get<std::uint64_t>();
+    const auto max = Time::parse(h.at("max_duration").get<std::string>());
+    if (!max) throw std::invalid_argument(max.error().message);
+    info.max_duration = *max;
+    info.params_sha256 = h.at("params_sha256").get<std::string>();
+    out.stage_start = timestamp_of(h.at("stage_start"));
+    for (const json& r : h.at("history")) out.history.push_back(record_of(r));
+    out.optimizer.kind = h.at("optimizer").at("kind").get<std::string>();
+    for (const json& p : h.at("optimizer").at("params")) {
+      ParamState& ps = out.optimizer.params[p.at("name").get<std::string>()];
+      ps.step = p.at("step").get<std::int64_t>();
+      const auto slots = p.at("slots").get<std::uint64_t>();
+      if (slots > 16) throw std::invalid_argument(fmt::format("{} optimizer slots for one parameter", slots));
+      ps.slots.resize(slots);
+    }
+    return out;
+  });
+}
+
+/// The stored tensors, each checked against the data section before it is allocated (only the
+/// checks when `!materialize`).
+std::vector<Entry> tensors_of(const Verified& v, const fs::path& path, bool materialize) {
+  return decode(path, [&] {
+    std::vector<Entry> out;
+    std::uint64_t offset = 0;
+    for (const json& d : v.header.at("tensors")) {
+      Entry e{d.at("group").get<std::string>(), d.at("name").get<std::string>(), d.at("slot").get<std::int64_t>(), {}};
+      if (e.group != "parameter" && e.group != "buffer" && e.group != "optimizer_slot" && e.group != "rng")
+        raise_data(path, fmt::format("unknown tensor group \"{}\"", e.group));
+      if (d.at("defined").get<bool>()) {
+        const auto what = fmt::format("{} \"{}\"", e.group, e.name);
+        const auto dtype = dtype_of(d.at("dtype").get<std::string>());
+        if (!dtype) raise_data(path, fmt::format("{}: unknown dtype {}", what, d.at("dtype").dump()));
+        const auto shape = d.at("shape").get<std::vector<std::int64_t>>();
+        const auto nbytes = d.at("nbytes").get<std::uint64_t>();
+        std::uint64_t expected = c10::elementSize(*dtype);
+        for (const auto n : shape) {
+          if (n < 0) raise_data(path, fmt::format("{}: negative dimension {}", what, n));
+          if (n > 0 && expected > v.data.size() / static_cast<std::uint64_t>(n))
+            raise_data(path, fmt::format("{}: shape {} is larger than the tensor data", what, d.at("shape").dump()));
+          expected *= static_cast<std::uint64_t>(n);
+        }
+        if (nbytes != expected || d.at("offset").get<std::uint64_t>() != offset || nbytes > v.data.size() - offset)
+          raise_data(path, fmt::format("{}: its byte range does not fit its shape or the tensor data", what));
+        if (materialize) {
+          e.tensor = torch::empty(shape, torch::TensorOptions().dtype(*dtype));
+          if (nbytes > 0) std::memcpy(e.tensor.data_ptr(), v.data.data() + offset, nbytes);
+        }
+        offset += nbytes;
+      }
+      out.push_back(std::move(e));
+    }
+    if (offset != v.data.size())
+      raise_data(path, fmt::format("{} bytes of tensor data belong to no tensor", v.data.size() - offset));
+    return out;
+  });
+}
+
+/// Installs stored tensors into the module's by name; lists every disagreement at once.
+void restore_module(const TrainState& s, const std::vector<Entry>& entries, const fs::path& path) {
+  std::vector<std::string> problems;
+  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> installs;  // module tensor, stored one
+  for (const std::string group : {"parameter", "buffer"}) {
+    std::map<std::string, const torch::Tensor*> stored;
+    for (const auto& e : entries)
+      if (e.group == group && !stored.emplace(e.name, &e.tensor).second)
+        raise_data(path, fmt::format("{} \"{}\" is stored twice", group, e.name));
+    for (const auto& [name, t] : group == "parameter" ? s.named_parameters() : s.named_buffers()) {
+      auto it = stored.find(name);
+      if (it == stored.end()) {
+        problems.push_back(fmt::format("{} {} {} is missing from the checkpoint", group, name, detail::shape_string(t)));
+        continue;
+      }
+      const torch::Tensor& saved = *it->second;
+      if (saved.defined() != t.defined() || (t.defined() && saved.sizes() != t.sizes()))
+        problems.push_back(fmt::format("{} {} has shape {} in the checkpoint and {} in the model", group, name,
+                                       detail::shape_string(saved), detail::shape_string(t)));
+      else if (t.defined())
+        installs.emplace_back(t, &saved);
+      stored.erase(it);
+    }
+    for (const auto& [name, t] : stored)
+      problems.push_back(fmt::format("{} {} {} is in the checkpoint but not in the model", group, name,
+                                     detail::shape_string(*t)));
+  }
+  if (!problems.empty())
+    detail::raise(ErrorCode::shape_mismatch,
+                  fmt::format("checkpoint \"{}\" does not match the model the factory builds: {}", path.string(),
+                              fmt::join(problems, "; ")));
+  torch::NoGradGuard no_grad;
+  for (auto& [t, saved] : installs) t.set_data(*saved);  // shares the module's tensor: replaces its data
+}
+
+}  // namespace
+
+Expected<void> save_checkpoint(const TrainState& state, const fs::path& path, const CheckpointMeta& meta) {
+  return detail::guard([&]() -> Expected<void> {
+    if (!state.model.module) return fail(ErrorCode::invalid_argument, "save_checkpoint: the state has no model");
+    const auto entries = entries_of(state);
+    const std::string header = encode_header(state, meta, entries);
+    std::uint64_t data_size = 0;
+    for (const auto& e : entries) data_size += byte_size(e.tensor);
+    std::string head(kMagic);
+    put(head, checkpoint_format_version);
+    put(head, static_cast<std::uint64_t>(header.size()));
+    head += header;
+    put(head, data_size);
+
+    AtomicFile file(path);
+    Sha256 sha;
+    auto emit = [&](const void* p, std::size_t n) { sha.update(p, n), file.write(p, n); };
+    emit(head.data(), head.size());
+    for (const auto& e : entries)
+      if (const auto n = byte_size(e.tensor); n > 0) emit(e.tensor.data_ptr(), n);
+    const auto digest = sha.finish();
+    file.write(digest.data(), digest.size());
+    file.commit();
+    return {};
+  });
+}
+
+Expected<TrainState> load_checkpoint(const fs::path& path, const ModelFactory& factory) {
+  return detail::guard([&]() -> Expected<TrainState> {
+    if (!factory) return fail(ErrorCode::invalid_argument, "load_checkpoint: no model factory given");
+    const Verified v = read_verified(path);
+    Header h = decode_header(v, path);
+    const std::vector<Entry> entries = tensors_of(v, path, true);
+
+    TrainState s;
+    s.factory = factory;
+    {
+      // The factory may draw from the global generator to initialize: keep the caller's intact.
+      detail::GlobalRngScope scope(detail::seeded_rng_state(0));
+      s.model = factory();
+    }
+    if (!s.model.module || !s.model.forward)
+      return fail(ErrorCode::invalid_argument, "load_checkpoint: the model factory returned no module or no forward");
+    restore_module(s, entries, path);
+    s.model.module->train(true);
+    s.optimizer = std::move(h.optimizer);
+    for (const auto& e : entries) {
+      if (e.group == "rng") {
+        s.rng = e.tensor;
+      } else if (e.group == "optimizer_slot") {
+        auto it = s.optimizer.params.find(e.name);
+        if (it == s.optimizer.params.end() || e.slot < 0 || static_cast<std::size_t>(e.slot) >= it->second.slots.size())
+          raise_data(path, fmt::format("optimizer slot {} of \"{}\" is not in the optimizer state", e.slot, e.name));
+        it->second.slots[static_cast<std::size_t>(e.slot)] = e.tensor;
+      }
+    }
+    s.time = h.info.time;
+    s.stage = std::move(h.info.stage);
+    s.stage_start = h.stage_start;
+    s.seed = h.info.seed;
+    s.max_duration = h.info.max_duration;
+    s.history = std::move(h.history);
+    return s;
+  });
+}
+
+Expected<CheckpointInfo> read_checkpoint_info(const fs::path& path) {
+  return detail::guard([&]() -> Expected<CheckpointInfo> {
+    const Verified v = read_verified(path);
+    Header h = decode_header(v, path);
+    tensors_of(v, path, false);  // a header that load_checkpoint would refuse is refused here too
+    return std::move(h.info);
+  });
+}
+
+std::string params_sha256(const TrainState& state) {
+  try {
+    Sha256 sha;
+    auto add = [&](char kind, const std::string& name, const torch::Tensor& tensor) {
+      const torch::Tensor t = host(tensor);
+      const std::string dtype =
+          !t.defined() ? "undefined" : std::string(dtype_name(t.scalar_type()).value_or(c10::toString(t.scalar_type())));
+      std::string rec(1, kind);
+      put(rec, static_cast<std::uint64_t>(name.size()));
+      rec += name;
+      put(rec, static_cast<std::uint64_t>(dtype.size()));
+      rec += dtype;
+      put(rec, static_cast<std::uint64_t>(t.defined() ? t.dim() : 0));
+      if (t.defined())
+        for (const auto n : t.sizes()) put(rec, static_cast<std::int64_t>(n));
+      put(rec, byte_size(t));
+      sha.update(rec);
+      if (byte_size(t) > 0) sha.update(t.data_ptr(), byte_size(t));
+    };
+    for (const auto& [name, t] : state.named_parameters()) add('p', name, t);
+    for (const auto& [name, t] : state.named_buffers()) add('b', name, t);
+    return hex(sha.finish());
+  } catch (const std::exception&) {
+    return {};  // documented: the tensors could not be read (e.g. a device that is gone)
+  }
+}
+
+}  // namespace baton
