@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include "baton/error.hpp"
+#include "baton/time.hpp"
 
 namespace baton::detail {
 
@@ -43,6 +44,9 @@ auto guard(F&& f) -> decltype(f()) {
     return tl::unexpected<Error>(Error{ErrorCode::torch, e.what(), {}});
   }
 }
+
+/// Has `t` reached the max duration `max` (in ep, ba or sp)?
+bool reached_max(const Timestamp& t, Time max);
 
 /// "[128, 10]"
 std::string shape_string(const torch::Tensor& t);

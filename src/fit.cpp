@@ -420,14 +420,13 @@ struct StageEnd {
   TimeUnit unit;           // epoch counts data positions; batch, sample count counters
   std::int64_t target;
 
-  static StageEnd make(const TrainingSpec& spec, const TrainState& s, std::int64_t n) {
-    const Timestamp& t = s.time;
+  static StageEnd make(const TrainingSpec& spec, const Timestamp& t, Time max_duration, std::int64_t n) {
     const std::int64_t position = t.epoch * n + t.sample_in_epoch;
     Time d = spec.duration;
     double amount = d.value;
     if (d.unit == TimeUnit::duration) {  // a fraction of the max duration, in its unit
-      d.unit = s.max_duration.unit;
-      amount = d.value * s.max_duration.value;
+      d.unit = max_duration.unit;
+      amount = d.value * max_duration.value;
     }
     switch (d.unit) {
       case TimeUnit::epoch: return {TimeUnit::epoch, position + std::llround(amount * static_cast<double>(n))};
@@ -472,7 +471,7 @@ void roll_epoch(Timestamp& t, std::int64_t n, std::int64_t bs, bool drop_last) {
 //   fit_start                  a new stage (spec.name differs from state.stage): close a partial
 //                              epoch, apply model and optimizer carry-over; resolve groups, freeze
 //   while not (stage end or run max reached):
-//     [epoch_start]            order = epoch_order(seed(run, stage), epoch)   (cached per epoch)
+//     [epoch_start]            order = epoch_order(size, seed, epoch)         (cached per epoch)
 //     batch_start              batch = data[order[sample_in_epoch : +batch_size]]
 //                              lr = group lr * schedule(time on the run's or the stage's clock)
 //     for each microbatch (grad_accum):
@@ -494,8 +493,10 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
     const std::int64_t n = data.size(), bs = spec.data.batch_size;
     auto transfer = begin_stage(spec, s);
     check_warmup(spec, s, n);
-    const std::uint64_t data_seed = spec.data_seed ? *spec.data_seed : stage_seed(s.seed, spec.name, 4);
-    const StageEnd end = StageEnd::make(spec, s, n);
+    // The order is a function of (seed, epoch) and the data's size only, not of the stage: a
+    // stage split in two stages with the same data trains the same bits as one stage.
+    const std::uint64_t data_seed = spec.data_seed.value_or(s.seed);
+    const StageEnd end = StageEnd::make(spec, s.time, s.max_duration, n);
     const Timestamp start = s.time;
     if (!spec.device.is_cpu()) s.model.module->to(spec.device);
     std::vector<Slot> slots = prepare_optimizer(spec, s);
@@ -569,6 +570,36 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
     s.rng = rng.current();
     return StepResult{std::move(s), out.loss, spec.optimizer.lr() * scale, out.grad_norm};
   }).map_error(add_context(stage_context(spec) + " train_step"));
+}
+
+namespace {
+/// Runs the loop's timestamp arithmetic without training: from `now`, until the stage that began
+/// at `origin` has run `spec.duration` (or the run's max duration is reached).
+Timestamp simulate(const TrainingSpec& spec, Timestamp now, const Timestamp& origin, Time max) {
+  const std::int64_t n = spec.data.train.size(), bs = spec.data.batch_size;
+  const StageEnd end = StageEnd::make(spec, origin, max, n);
+  while (!detail::reached_max(now, max) && !end.reached(now, n)) {
+    roll_epoch(now, n, bs, spec.data.drop_last);
+    if (detail::reached_max(now, max) || end.reached(now, n)) break;
+    advance(now, std::min(bs, n - now.sample_in_epoch));
+    roll_epoch(now, n, bs, spec.data.drop_last);
+  }
+  return now;
+}
+}  // namespace
+
+Expected<Timestamp> fit_end(const TrainingSpec& spec, const TrainState& s) {
+  if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error().with_context(stage_context(spec)));
+  if (s.finished()) return s.time;
+  const Timestamp t = stage_position(spec, s).time;
+  return simulate(spec, t, t, s.max_duration);
+}
+
+Expected<Timestamp> stage_end(const TrainingSpec& spec, const TrainState& s) {
+  if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error().with_context(stage_context(spec)));
+  if (s.finished()) return s.time;
+  const StagePosition pos = stage_position(spec, s);
+  return simulate(spec, pos.time, pos.stage_start, s.max_duration);
 }
 
 Expected<double> scheduled_lr(const TrainingSpec& spec, const TrainState& s) {

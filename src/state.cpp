@@ -98,11 +98,13 @@ TrainState& TrainState::operator=(const TrainState& o) {
   return *this;
 }
 
-bool TrainState::finished() const {
-  switch (max_duration.unit) {
-    case TimeUnit::epoch: return time.epoch >= max_duration.count();
-    case TimeUnit::batch: return time.batch >= max_duration.count();
-    case TimeUnit::sample: return time.sample >= max_duration.count();
+bool TrainState::finished() const { return detail::reached_max(time, max_duration); }
+
+bool detail::reached_max(const Timestamp& t, Time max) {
+  switch (max.unit) {
+    case TimeUnit::epoch: return t.epoch >= max.count();
+    case TimeUnit::batch: return t.batch >= max.count();
+    case TimeUnit::sample: return t.sample >= max.count();
     case TimeUnit::duration: return true;  // rejected by init_state
   }
   return true;

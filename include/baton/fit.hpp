@@ -38,6 +38,15 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState state, cons
 /// `fit(spec, state)` would use: for checking schedules and clocks step by step.
 Expected<double> scheduled_lr(const TrainingSpec& spec, const TrainState& state);
 
+/// Where `fit(spec, state)` would stop, without training (integer arithmetic over the batches it
+/// would take): for progress bars, ETA and planning evaluation intervals.
+Expected<Timestamp> fit_end(const TrainingSpec& spec, const TrainState& state);
+
+/// Where the stage that `spec` names ends, counted from the stage's start. For a state in the
+/// middle of that stage (e.g. resumed from a checkpoint) this is the end of the stage as
+/// written, not `spec.duration` more: `fit(spec.with_duration(<batches left>), state)` finishes it.
+Expected<Timestamp> stage_end(const TrainingSpec& spec, const TrainState& state);
+
 /// Binds `fit` to a spec: a curriculum is a chain of stages.
 ///
 /// ```cpp

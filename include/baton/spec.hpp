@@ -79,7 +79,7 @@ struct ModelCarry {
 /// | optimizer moments        | keep or fresh                         | `optimizer_carry`  |
 /// | schedule clock           | the run's or the stage's              | `schedule_clock`   |
 /// | timestamp, RNG           | always continue                       |                    |
-/// | data order               | (seed, epoch, stage name): a new stage starts a new epoch | `data` |
+/// | data order               | (seed, epoch, data size): a new stage starts at a new epoch | `data` |
 ///
 /// A stage is identified by its `name`: a `fit` whose name differs from the state's current
 /// stage begins a new stage (applying the carry-over policies and closing a partial epoch); a

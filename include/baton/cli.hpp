@@ -1,0 +1,31 @@
+#pragma once
+/// \file cli.hpp
+/// The `baton` command line as a function, so a program with its own models and datasets gets
+/// the same CLI:
+///
+/// ```cpp
+/// int main(int argc, char** argv) {
+///   auto registry = baton::Registry::builtin();
+///   registry.models["my_net"] = {{"width"}, [](const baton::Params& p) -> baton::Expected<baton::ModelFactory> {
+///     return baton::model_factory([] { return MyNet(); });
+///   }, "my_net: width"};
+///   return baton::cli::main(argc, argv, registry);
+/// }
+/// ```
+///
+/// Exit codes: 0 success; 1 training failed (non-finite loss, LibTorch error); 2 invalid input
+/// (command line, config, data or checkpoint files); 3 interrupted (a checkpoint was written).
+
+#include "baton/hparams.hpp"
+
+namespace baton::cli {
+
+inline constexpr int exit_ok = 0;
+inline constexpr int exit_training_failed = 1;
+inline constexpr int exit_invalid_input = 2;
+inline constexpr int exit_interrupted = 3;
+
+/// Runs `baton run|validate|eval|inspect` with `argv`.
+int main(int argc, char** argv, const Registry& registry = Registry::builtin());
+
+}  // namespace baton::cli

@@ -1,0 +1,149 @@
+#pragma once
+/// \file hparams.hpp
+/// TOML curricula: a file gives a `Curriculum` of partially applied `SpecBuilder`s. The schema
+/// (every key, type and default) is in docs/config.md.
+///
+/// ```cpp
+/// auto cur = baton::load_curriculum("fashion.toml", {"stage.finetune.optimizer.lr=1e-4"});
+/// if (!cur) { std::cerr << cur.error() << '\n'; return 2; }
+/// auto mine = cur->with_model(baton::model_factory([] { return MyNet(); }));  // bind your own model
+/// auto state = mine.init();
+/// for (const auto& stage : mine.stages())
+///   state = state.and_then([&](baton::TrainState s) {
+///     return stage.build().and_then([&](const baton::TrainingSpec& spec) { return baton::fit(spec, std::move(s)); });
+///   });
+/// ```
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "baton/data.hpp"
+#include "baton/error.hpp"
+#include "baton/eval.hpp"
+#include "baton/model.hpp"
+#include "baton/params.hpp"
+#include "baton/spec.hpp"
+#include "baton/state.hpp"
+
+namespace baton {
+
+/// A model a file can name: the keys it accepts and how to build it from them.
+struct ModelEntry {
+  std::vector<std::string> keys;
+  std::function<Expected<ModelFactory>(const Params&)> make;
+  std::string help;  ///< one line for error messages and docs
+};
+
+/// A dataset kind a file can name: the keys it accepts and how to load it.
+struct DatasetEntry {
+  std::vector<std::string> keys;
+  std::function<Expected<Dataset>(const Params&)> load;
+  std::string help;
+};
+
+/// The names a curriculum file may use for models and dataset kinds. Add your own and pass the
+/// registry to `load_curriculum` (or to `baton::cli::main`) to get the same CLI for your program.
+struct Registry {
+  std::map<std::string, ModelEntry> models;
+  std::map<std::string, DatasetEntry> datasets;
+
+  /// Models `mlp` (widths) and `small_cnn` (channels1, channels2, hidden, classes, in_channels,
+  /// image_size); datasets `fashion-mnist` (split, dir), `idx` (images, labels), `csv` (path,
+  /// target, header), `synthetic` (samples, features, classes, seed); every dataset also takes
+  /// `limit` (first N samples) and, for images, `normalize`.
+  static Registry builtin();
+};
+
+/// Run-level settings (`[run]`).
+struct RunConfig {
+  std::string name;
+  std::uint64_t seed = 0;
+  c10::Device device = c10::Device(c10::kCPU);
+  Time max_duration;
+  std::filesystem::path run_dir;
+  int threads = 0;  ///< intra-op threads for configure_runtime (0: all cores)
+};
+
+/// When and on what a stage evaluates (`eval` in a stage).
+struct EvalPlan {
+  EvalSpec spec;                ///< the sets, bound to loaded datasets
+  std::optional<Time> interval; ///< also evaluate every `interval` within the stage
+};
+
+/// One stage as the file describes it (after inheritance from `[defaults]` and earlier stages),
+/// not yet built. Every change returns a new builder.
+class SpecBuilder {
+ public:
+  [[nodiscard]] const std::string& name() const;
+  /// Overrides a value with the stage table's own key path, typed like the file's values:
+  /// `set("optimizer.lr", 1e-4)`, `set("duration", std::string("2ep"))`.
+  [[nodiscard]] SpecBuilder set(const std::string& key, ParamValue value) const;
+  /// Binds a dataset name (as used by `data` and `eval.sets`) to a dataset of your own.
+  [[nodiscard]] SpecBuilder with_dataset(const std::string& name, Dataset dataset) const;
+  /// Any C++ change applied after the file's values (e.g. a loss of your own).
+  [[nodiscard]] SpecBuilder with(std::function<TrainingSpec(TrainingSpec)> change) const;
+  /// Validates and builds the spec: every problem of the stage at once.
+  [[nodiscard]] Expected<TrainingSpec> build() const;
+  /// The stage's evaluation plan (sets bound to datasets).
+  [[nodiscard]] Expected<EvalPlan> eval() const;
+  /// The stage's resolved table as TOML text.
+  [[nodiscard]] std::string to_toml() const;
+
+  struct Impl;
+  explicit SpecBuilder(std::shared_ptr<const Impl> impl);
+  [[nodiscard]] const Impl* impl() const { return impl_.get(); }
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+/// A loaded curriculum: run settings, the model, and the stages in order.
+class Curriculum {
+ public:
+  [[nodiscard]] const RunConfig& run() const;
+  [[nodiscard]] const std::vector<SpecBuilder>& stages() const;
+  /// Binds a model factory of your own instead of the file's `[model]`.
+  [[nodiscard]] Curriculum with_model(ModelFactory factory) const;
+  /// Binds a dataset name in every stage.
+  [[nodiscard]] Curriculum with_dataset(const std::string& name, Dataset dataset) const;
+  /// A dataset by the name the file gives it (`[datasets.<name>]`), loaded once and shared.
+  [[nodiscard]] Expected<Dataset> dataset(const std::string& name) const;
+  /// The model factory (the bound one, or the file's from the registry).
+  [[nodiscard]] Expected<ModelFactory> model() const;
+  /// A fresh state: `init_state(model(), {run().seed, run().max_duration})`.
+  [[nodiscard]] Expected<TrainState> init() const;
+  /// Builds every stage and plan, reporting every problem of every stage at once (and stages
+  /// whose duration exceeds the run's max duration).
+  [[nodiscard]] Expected<void> validate() const;
+  /// The resolved configuration (overrides applied, inheritance resolved) as TOML text.
+  [[nodiscard]] const std::string& resolved_toml() const;
+  /// SHA-256 of the resolved configuration: two runs with the same fingerprint train the same.
+  [[nodiscard]] const std::string& fingerprint() const;
+
+  struct Impl;
+  explicit Curriculum(std::shared_ptr<const Impl> impl);
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+/// Parses a curriculum from TOML text. `source` names it in messages ("file.toml:3:7: ...").
+/// `overrides` are "path=value" strings as `baton run --set` takes them, with the file's paths:
+/// `run.seed=3`, `defaults.batch_size=64`, `stage.finetune.optimizer.lr=1e-4`,
+/// `datasets.test.limit=1000`; values are TOML values (`1e-4`, `true`, `[1, 2]`) or, failing
+/// that, text (`2ep`). Every problem is reported at once, each with its place in the file.
+Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& source,
+                                      const std::vector<std::string>& overrides = {},
+                                      const Registry& registry = Registry::builtin());
+
+/// Reads and parses a curriculum file.
+Expected<Curriculum> load_curriculum(const std::filesystem::path& file, const std::vector<std::string>& overrides = {},
+                                     const Registry& registry = Registry::builtin());
+
+}  // namespace baton

@@ -1,0 +1,3 @@
+#include "baton/cli.hpp"
+
+int main(int argc, char** argv) { return baton::cli::main(argc, argv); }

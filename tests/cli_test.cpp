@@ -1,0 +1,190 @@
+// The baton command line, run as a user runs it: as a separate process.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+struct Result {
+  int rc;
+  std::string out;  // stdout and stderr
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(BATON_EXE) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+fs::path temp_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / fmt::format("baton-cli-{}-{}", name, ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string sha_of(const fs::path& state) {
+  auto r = run("inspect " + state.string());
+  REQUIRE(r.rc == 0);
+  return nlohmann::json::parse(r.out).at("params_sha256").get<std::string>();
+}
+
+const char* kSynthetic = R"(
+[run]
+name = "cli"
+seed = 4
+max_duration = "2ep"
+[model]
+name = "mlp"
+widths = [8, 16, 4]
+[datasets.train]
+kind = "synthetic"
+samples = 500
+[datasets.test]
+kind = "synthetic"
+samples = 200
+sample_seed = 99
+[defaults]
+batch_size = 25
+optimizer = { name = "adam", lr = 0.01 }
+schedule = { name = "cosine" }
+eval = { sets = ["test"] }
+)";
+}  // namespace
+
+TEST_CASE("every malformed curriculum in tests/data/bad fails validation with its message and exit code", "[cli][bad]") {
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(BATON_SOURCE_DIR) / "tests/data/bad")) {
+    if (entry.path().extension() != ".toml") continue;
+    std::ifstream in(entry.path());
+    std::vector<std::string> expects;
+    int exit_code = -1;
+    for (std::string line; std::getline(in, line) && line.rfind("# ", 0) == 0;) {
+      if (line.rfind("# expect: ", 0) == 0) expects.push_back(line.substr(10));
+      if (line.rfind("# exit: ", 0) == 0) exit_code = std::stoi(line.substr(8));
+    }
+    const auto r = run("validate " + entry.path().string());
+    INFO(entry.path().filename().string() << " printed:\n" << r.out);
+    CHECK(r.rc == exit_code);
+    REQUIRE_FALSE(expects.empty());
+    for (const auto& e : expects) CHECK_THAT(r.out, Catch::Contains(e));
+    ++checked;
+  }
+  CHECK(checked >= 15);
+}
+
+TEST_CASE("the command line: help, unknown commands, bad --set, missing files", "[cli]") {
+  CHECK(run("--help").rc == 0);
+  CHECK_THAT(run("run --help").out, Catch::Contains("--set"));
+  CHECK(run("frobnicate").rc == 2);
+  CHECK(run("run /nonexistent.toml").rc == 2);
+  const auto dir = temp_dir("set");
+  std::ofstream(dir / "c.toml") << kSynthetic << "[[stages]]\nname = \"a\"\nduration = \"1ep\"\n";
+  const auto bad = run("validate " + (dir / "c.toml").string() + " --set stage.b.optimizer.lr=1");
+  CHECK(bad.rc == 2);
+  CHECK_THAT(bad.out, Catch::Contains("no stage \"b\""));
+  CHECK(run("validate " + (dir / "c.toml").string() + " --set stage.a.optimizer.lr=0.1").rc == 0);
+  CHECK(run("inspect " + (dir / "c.toml").string()).rc == 2);  // not a checkpoint
+  fs::remove_all(dir);
+}
+
+TEST_CASE("[2ep] equals [1ep, 1ep] with the optimizer continued on the run clock (via baton inspect)", "[cli][property]") {
+  const auto dir = temp_dir("split");
+  std::ofstream(dir / "one.toml") << kSynthetic << "[[stages]]\nname = \"all\"\nduration = \"2ep\"\n";
+  std::ofstream(dir / "two.toml") << kSynthetic
+                                  << "[[stages]]\nname = \"first\"\nduration = \"1ep\"\n"
+                                     "[[stages]]\nname = \"second\"\nduration = \"1ep\"\noptimizer_carry = \"keep\"\nclock = \"run\"\n";
+  const auto one = run("run " + (dir / "one.toml").string() + " --run-dir " + (dir / "one").string());
+  const auto two = run("run " + (dir / "two.toml").string() + " --run-dir " + (dir / "two").string());
+  INFO(one.out << "\n----\n" << two.out);
+  REQUIRE(one.rc == 0);
+  REQUIRE(two.rc == 0);
+  CHECK(sha_of(dir / "one/final.baton") == sha_of(dir / "two/final.baton"));
+  const auto fresh = run("run " + (dir / "two.toml").string() + " --run-dir " + (dir / "three").string() +
+                         " --set stage.second.optimizer_carry=fresh");
+  REQUIRE(fresh.rc == 0);
+  CHECK(sha_of(dir / "one/final.baton") != sha_of(dir / "three/final.baton"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("baton run end to end on a Fashion-MNIST subset: run directory, inspect, eval", "[cli][fashion]") {
+  const auto dir = temp_dir("fashion");
+  std::ofstream(dir / "f.toml") << R"(
+[run]
+name = "fmnist-small"
+seed = 1
+max_duration = "2ep"
+[model]
+name = "small_cnn"
+channels1 = 8
+channels2 = 16
+hidden = 32
+[datasets.train]
+kind = "fashion-mnist"
+split = "train"
+limit = 3000
+[datasets.test]
+kind = "fashion-mnist"
+split = "test"
+limit = 500
+[defaults]
+batch_size = 64
+optimizer = { name = "sgd", lr = 0.05, momentum = 0.9 }
+eval = { sets = ["test"] }
+[[stages]]
+name = "warmup"
+duration = "1ep"
+eval = { interval = "20ba" }
+[[stages]]
+name = "finetune"
+duration = "1ep"
+optimizer = { lr = 0.01 }
+)";
+  const auto r = run("run " + (dir / "f.toml").string() + " --run-dir " + (dir / "run").string());
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, std::regex("test_accuracy=([0-9.]+)")));
+  CHECK(std::stod(m[1]) > 0.6);
+  CHECK_THAT(r.out, Catch::Contains("warmup") && Catch::Contains("finetune") && Catch::Contains("total time"));
+  for (const char* f : {"config.toml", "metrics.jsonl", "metrics.csv", "final.baton", "stage-00-warmup.baton"})
+    CHECK(fs::exists(dir / "run" / f));
+  // Interval evaluations (every 20 batches of 47) and stage-end ones are in the JSONL log.
+  std::ifstream jsonl(dir / "run/metrics.jsonl");
+  int evals = 0, trains = 0;
+  for (std::string line; std::getline(jsonl, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("event") == "eval") {
+      ++evals;
+      CHECK(j.contains("accuracy"));
+    }
+    if (j.at("event") == "train") ++trains;
+  }
+  CHECK(evals == 6);  // finetune inherits warmup's eval interval: 2 + 2 interval evals, 2 stage ends
+  CHECK(trains > 10);
+  const auto info = nlohmann::json::parse(run("inspect " + (dir / "run/final.baton").string()).out);
+  CHECK(info.at("stage") == "finetune");
+  CHECK(info.at("timestamp").at("epoch") == 2);
+  CHECK_THAT(r.out, Catch::Contains(info.at("params_sha256").get<std::string>()));
+  const auto ev = run("eval --state " + (dir / "run/final.baton").string() + " --data test");
+  INFO(ev.out);
+  REQUIRE(ev.rc == 0);
+  CHECK(nlohmann::json::parse(ev.out).at("metrics").at("accuracy").get<double>() == Approx(std::stod(m[1])).margin(1e-4));
+  fs::remove_all(dir);
+}

@@ -1,0 +1,210 @@
+// TOML curricula: builders, inheritance, overrides, and equality with the same curriculum in C++.
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "helpers.hpp"
+#include <baton/checkpoint.hpp>
+#include <baton/hparams.hpp>
+
+using baton::Time;
+using test::ok;
+
+namespace {
+const char* kTwoStages = R"(
+[run]
+name = "two"
+seed = 5
+max_duration = "3ep"
+
+[model]
+name = "mlp"
+widths = [8, 16, 4]
+
+[datasets.train]
+kind = "synthetic"
+samples = 600
+seed = 2
+
+[defaults]
+batch_size = 32
+optimizer = { name = "sgd", lr = 0.05, momentum = 0.9 }
+
+[[stages]]
+name = "warmup"
+duration = "1ep"
+schedule = { name = "linear", from = 0.2, to = 1.0, over = "1dur" }
+clock = "stage"
+
+[[stages]]
+name = "main"
+duration = "2ep"
+optimizer = { lr = 0.02 }
+schedule = { name = "cosine", to = 0.1 }
+clock = "run"
+)";
+
+baton::Curriculum parse(const std::string& text, const std::vector<std::string>& sets = {}) {
+  auto cur = baton::parse_curriculum(text, "test.toml", sets);
+  if (!cur) FAIL(cur.error().to_string());
+  return *cur;
+}
+
+baton::TrainState run_all(const baton::Curriculum& cur) {
+  auto state = ok(cur.init());
+  for (const auto& stage : cur.stages()) {
+    auto spec = stage.build();
+    if (!spec) FAIL(spec.error().to_string());
+    state = ok(baton::fit(*spec, std::move(state)));
+  }
+  return state;
+}
+}  // namespace
+
+TEST_CASE("a TOML curriculum and the same curriculum in C++ give the same bits", "[hparams]") {
+  const auto cur = parse(kTwoStages);
+  const auto from_toml = run_all(cur);
+
+  auto train = cur.dataset("train");
+  REQUIRE(train);
+  const baton::TrainingSpec warmup{
+      .name = "warmup",
+      .data = {.train = *train, .batch_size = 32},
+      .optimizer = baton::optim::sgd({.lr = 0.05, .momentum = 0.9}),
+      .schedule = baton::schedule::linear(0.2, 1.0, Time::fraction(1.0)),
+      .schedule_clock = baton::Clock::stage,
+      .duration = Time::epochs(1),
+  };
+  const auto main_stage = warmup.with_name("main")
+                              .with_lr(0.02)
+                              .with_schedule(baton::schedule::cosine(Time::fraction(1.0), 0.1), baton::Clock::run)
+                              .with_duration(Time::epochs(2));
+  auto init = baton::init_state(baton::models::mlp({8, 16, 4}), {.seed = 5, .max_duration = Time::epochs(3)});
+  REQUIRE(init);
+  const auto in_cpp = ok(baton::fit(warmup, std::move(*init)).and_then(baton::stage(main_stage)));
+  REQUIRE(baton::bitwise_equal(from_toml, in_cpp));
+  CHECK(baton::params_sha256(from_toml) == baton::params_sha256(in_cpp));
+  CHECK(from_toml.history.size() == 2);
+}
+
+TEST_CASE("stages inherit from defaults and earlier stages; optimizer tables merge by name", "[hparams]") {
+  const auto cur = parse(std::string(kTwoStages) + R"(
+[[stages]]
+name = "inherits"
+duration = "1ba"
+
+[[stages]]
+name = "new-optimizer"
+duration = "1ba"
+optimizer = { name = "adam", lr = 1e-3 }
+)", {"run.max_duration=10ep"});
+  REQUIRE(cur.stages().size() == 4);
+  auto main_stage = *cur.stages()[1].build();
+  const auto& sgd = std::get<baton::SgdOptions>(main_stage.optimizer.options);
+  CHECK(sgd.lr == 0.02);       // the stage's own value
+  CHECK(sgd.momentum == 0.9);  // merged from [defaults]: same optimizer name
+  auto inherits = *cur.stages()[2].build();
+  CHECK(inherits.optimizer.lr() == 0.02);  // from the previous stage
+  CHECK(inherits.schedule_clock == baton::Clock::run);
+  CHECK(inherits.data.batch_size == 32);
+  CHECK(inherits.optimizer_carry == baton::Carry::keep);  // per stage, not inherited
+  auto adam = *cur.stages()[3].build();
+  CHECK(adam.optimizer.kind() == "adam");  // another optimizer: sgd's momentum does not carry over
+  CHECK(adam.optimizer.lr() == 1e-3);
+}
+
+TEST_CASE("--set overrides use the file's paths and the file's types", "[hparams]") {
+  const auto cur = parse(kTwoStages, {"stage.main.optimizer.lr=1e-3", "defaults.batch_size=16", "run.seed=9",
+                                      "stage.warmup.duration=2ba", "datasets.train.samples=100"});
+  CHECK(cur.run().seed == 9);
+  auto warm = *cur.stages()[0].build();
+  CHECK(warm.duration == Time::batches(2));
+  CHECK(warm.data.batch_size == 16);
+  CHECK(warm.data.train.size() == 100);
+  CHECK(cur.stages()[1].build()->optimizer.lr() == 1e-3);
+  auto bad = baton::parse_curriculum(kTwoStages, "test.toml", {"stage.mian.optimizer.lr=1", "nonsense", "weird.path=1"});
+  REQUIRE_FALSE(bad);
+  CHECK_THAT(bad.error().message, Catch::Contains("no stage \"mian\" (did you mean \"main\"?)") &&
+                                      Catch::Contains("expected path=value") && Catch::Contains("paths start with"));
+  auto typed = baton::parse_curriculum(kTwoStages, "test.toml", {"defaults.batch_size=big"});
+  REQUIRE(typed);
+  auto built = typed->stages()[0].build();
+  REQUIRE_FALSE(built);
+  CHECK_THAT(built.error().message, Catch::Contains("batch_size: expected an integer, got a string"));
+}
+
+TEST_CASE("builders are partially applied: every change returns a new builder", "[hparams]") {
+  const auto cur = parse(kTwoStages);
+  const auto& original = cur.stages()[1];
+  const auto changed = original.set("optimizer.lr", 0.5).set("batch_size", 8.0);
+  INFO(changed.to_toml());
+  REQUIRE(changed.build());
+  CHECK(original.build()->optimizer.lr() == 0.02);
+  CHECK(changed.build()->optimizer.lr() == 0.5);
+  CHECK(changed.build()->data.batch_size == 8);
+  // The resolved configuration parses back to the same curriculum.
+  auto again = baton::parse_curriculum(cur.resolved_toml(), "resolved.toml");
+  INFO(cur.resolved_toml());
+  REQUIRE(again);
+  CHECK(again->fingerprint() == cur.fingerprint());
+  auto mine = *baton::make_dataset(torch::randn({50, 8}), torch::zeros({50}, torch::kLong), "mine");
+  const auto bound = original.with_dataset("train", mine).with([](baton::TrainingSpec s) { return s.with_name("renamed"); });
+  CHECK(bound.build()->data.train.size() == 50);
+  CHECK(bound.build()->name == "renamed");
+  CHECK(original.build()->data.train.size() == 600);
+  // A user's own model instead of the file's.
+  const auto own = cur.with_model(baton::models::mlp({8, 3, 4}));
+  CHECK(own.init()->named_parameters().front().second.size(0) == 3);
+  CHECK(cur.init()->named_parameters().front().second.size(0) == 16);
+}
+
+TEST_CASE("registries: a model of your own, and CSV tables", "[hparams]") {
+  auto registry = baton::Registry::builtin();
+  registry.models["linear"] = baton::ModelEntry{{"out"}, [](const baton::Params& p) -> baton::Expected<baton::ModelFactory> {
+    const auto out = static_cast<std::int64_t>(std::get<double>(p.at("out")));
+    return baton::model_factory([out] { return torch::nn::Linear(3, out); });
+  }, "linear: out"};
+  const auto dir = std::filesystem::temp_directory_path() / ("baton-csv-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream csv(dir / "t.csv");
+    csv << "a,b,c,label\n";
+    for (int i = 0; i < 40; ++i) csv << i % 3 << "," << i % 5 << "," << (i % 7) * 0.5 << "," << i % 2 << "\n";
+  }
+  const std::string text = fmt::format(R"(
+[run]
+max_duration = "2ep"
+[model]
+name = "linear"
+out = 2
+[datasets.train]
+kind = "csv"
+path = "{}"
+target = "label"
+[[stages]]
+name = "only"
+duration = "2ep"
+batch_size = 8
+)", (dir / "t.csv").string());
+  auto cur = baton::parse_curriculum(text, "csv.toml", {}, registry);
+  REQUIRE(cur);
+  REQUIRE(cur->validate());
+  auto spec = cur->stages()[0].build();
+  REQUIRE(spec);
+  CHECK(spec->data.train.inputs.sizes() == torch::IntArrayRef{40, 3});
+  CHECK(spec->data.train.targets.scalar_type() == torch::kLong);
+  auto trained = baton::fit(*spec, *cur->init());
+  REQUIRE(trained);
+  CHECK(trained->time.batch == 10);
+  {
+    std::ofstream bad(dir / "t.csv", std::ios::app);
+    bad << "1,x,2,0\n";
+  }
+  auto broken = baton::parse_curriculum(text, "csv.toml", {}, registry);
+  REQUIRE(broken);
+  auto v = broken->validate();
+  REQUIRE_FALSE(v);
+  CHECK_THAT(v.error().message, Catch::Contains("t.csv:42") && Catch::Contains("\"x\" is not a number"));
+  std::filesystem::remove_all(dir);
+}
