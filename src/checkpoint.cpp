@@ -123,7 +123,7 @@ double real_of(const json& j) {
 json to_json(const StageRecord& r) {
   json j = {{"name", r.name}, {"start", to_json(r.start)}, {"end", to_json(r.end)},
             {"last_loss", to_json(r.last_loss)}, {"last_lr", to_json(r.last_lr)},
-            {"last_grad_norm", to_json(r.last_grad_norm)}, {"transfer", nullptr}};
+            {"last_grad_norm", to_json(r.last_grad_norm)}, {"transfer", nullptr}, {"interrupted", r.interrupted}};
   if (r.transfer)
     j["transfer"] = {{"copied", r.transfer->copied}, {"skipped", r.transfer->skipped},
                      {"initialized", r.transfer->initialized}};
@@ -132,7 +132,8 @@ json to_json(const StageRecord& r) {
 
 StageRecord record_of(const json& j) {
   StageRecord r{j.at("name").get<std::string>(), timestamp_of(j.at("start")), timestamp_of(j.at("end")),
-                real_of(j.at("last_loss")), real_of(j.at("last_lr")), real_of(j.at("last_grad_norm")), std::nullopt};
+                real_of(j.at("last_loss")), real_of(j.at("last_lr")), real_of(j.at("last_grad_norm")), std::nullopt,
+                j.value("interrupted", false)};
   if (const auto& t = j.at("transfer"); !t.is_null())
     r.transfer = TransferReport{t.at("copied").get<std::vector<std::string>>(),
                                 t.at("skipped").get<std::vector<std::string>>(),

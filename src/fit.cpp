@@ -1,5 +1,7 @@
 // fit, train_step and eval: the training loop.
 #include <fnmatch.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cmath>
 
@@ -458,6 +460,39 @@ Error finished_error(const TrainState& s) {
 
 std::string stage_context(const TrainingSpec& spec) { return fmt::format("stage \"{}\"", spec.name); }
 
+/// Set by the handlers a `handle_signals` fit installs: how many SIGINT/SIGTERM arrived.
+std::atomic<int> g_signals{0};
+
+extern "C" void baton_on_signal(int sig) {
+  if (g_signals.fetch_add(1) >= 1) ::_exit(128 + sig);  // the second one: leave now
+}
+
+/// Installs SIGINT and SIGTERM handlers for a scope (when asked) and restores the previous ones.
+class SignalScope {
+ public:
+  explicit SignalScope(bool active) : active_(active) {
+    if (!active_) return;
+    g_signals = 0;
+    struct sigaction sa {};
+    sa.sa_handler = baton_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+  ~SignalScope() {
+    if (!active_) return;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  [[nodiscard]] bool raised() const { return active_ && g_signals.load() > 0; }
+ private:
+  bool active_;
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
 /// Rolls the epoch over when its order is used up (or too short for a batch with drop_last).
 void roll_epoch(Timestamp& t, std::int64_t n, std::int64_t bs, bool drop_last) {
   if (t.sample_in_epoch >= n || (drop_last && n - t.sample_in_epoch < bs))
@@ -506,7 +541,13 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
 
     StepOutput last{std::nan(""), 0.0};
     double last_lr = 0.0;
+    bool interrupted = false;
+    SignalScope signals(spec.handle_signals);
     for (Timestamp& t = s.time; !s.finished() && !end.reached(t, n);) {
+      if ((spec.stop && spec.stop->load()) || signals.raised()) {  // checked between batches only
+        interrupted = true;
+        break;
+      }
       roll_epoch(t, n, bs, spec.data.drop_last);
       if (s.finished() || end.reached(t, n)) break;
       const auto& cache = s.order_cache;
@@ -534,9 +575,10 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
     if (!transfer && !s.history.empty() && s.history.back().name == spec.name && s.history.back().end == start) {
       auto& rec = s.history.back();
       rec.end = s.time;
+      rec.interrupted = interrupted;
       if (s.time.batch > start.batch) rec.last_loss = last.loss, rec.last_lr = last_lr, rec.last_grad_norm = last.grad_norm;
     } else {
-      s.history.push_back(StageRecord{spec.name, start, s.time, last.loss, last_lr, last.grad_norm, std::move(transfer)});
+      s.history.push_back(StageRecord{spec.name, start, s.time, last.loss, last_lr, last.grad_norm, std::move(transfer), interrupted});
     }
     return std::move(s);
   }).map_error(add_context(stage_context(spec)));

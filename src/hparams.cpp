@@ -23,7 +23,8 @@ const std::vector<std::string> kInheritable = {"data", "batch_size", "shuffle", 
                                                "optimizer", "schedule", "clock", "grad_accum",
                                                "clip_grad_norm", "clip_grad_value", "eval"};
 const std::vector<std::string> kStageOnly = {"name", "duration", "optimizer_carry", "model", "freeze"};
-const std::vector<std::string> kRunKeys = {"name", "seed", "device", "max_duration", "run_dir", "threads"};
+const std::vector<std::string> kRunKeys = {"name", "seed", "device", "max_duration", "run_dir", "threads",
+                                           "checkpoint_every", "keep_checkpoints"};
 const std::vector<std::string> kEvalKeys = {"sets", "interval", "batch_size", "top_k"};
 const std::vector<std::string> kGroupKeys = {"patterns", "lr", "weight_decay"};
 const std::vector<std::string> kLosses = {"cross_entropy", "mse"};
@@ -846,6 +847,11 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
       p.add(run, "run.max_duration: required (e.g. max_duration = \"4ep\")");
     }
     rc.run_dir = r.string(run->get("run_dir"), "run_dir").value_or("runs/" + rc.name);
+    if (const auto* n = run->get("checkpoint_every")) {
+      rc.checkpoint_every = r.time(n, "checkpoint_every");
+      if (rc.checkpoint_every && rc.checkpoint_every->value <= 0) p.add(n, "run.checkpoint_every: must be more than zero");
+    }
+    if (auto v = r.integer(run->get("keep_checkpoints"), "keep_checkpoints", 1)) rc.keep_checkpoints = static_cast<int>(*v);
   } else {
     p.list.push_back(fmt::format("{}: [run] table missing (it needs at least max_duration)", source));
   }
@@ -944,7 +950,8 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
   impl->resolved = ss.str();
   // The fingerprint leaves out what does not change training (where to write, how many threads),
   // and is the same for a file and its resolved form.
-  if (auto* run = head["run"].as_table()) run->erase("run_dir"), run->erase("threads");
+  if (auto* run = head["run"].as_table())
+    for (const char* k : {"run_dir", "threads", "checkpoint_every", "keep_checkpoints"}) run->erase(k);
   std::ostringstream fps;
   fps << head;
   impl->fingerprint = sha256_hex(fps.str());

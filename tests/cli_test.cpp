@@ -6,6 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <random>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -186,5 +190,164 @@ optimizer = { lr = 0.01 }
   INFO(ev.out);
   REQUIRE(ev.rc == 0);
   CHECK(nlohmann::json::parse(ev.out).at("metrics").at("accuracy").get<double>() == Approx(std::stod(m[1])).margin(1e-4));
+  fs::remove_all(dir);
+}
+
+namespace {
+/// A `baton run` in a child process whose output we read line by line, to signal it at a chosen
+/// moment.
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+};
+
+Child spawn(const std::vector<std::string>& args) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    std::vector<char*> argv;
+    std::string exe = BATON_EXE;
+    argv.push_back(exe.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  return {pid, ::fdopen(fds[0], "r")};
+}
+
+/// Reads the child's output until a line contains `marker` (true) or the output ends (false).
+bool read_until(Child& c, const std::string& marker, std::string& log) {
+  std::array<char, 4096> line{};
+  while (std::fgets(line.data(), line.size(), c.out)) {
+    log += line.data();
+    if (std::string(line.data()).find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
+
+int finish(Child& c, std::string& log) {
+  read_until(c, "\x01never", log);
+  std::fclose(c.out);
+  int status = 0;
+  ::waitpid(c.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+const char* kLong = R"(
+[run]
+name = "long"
+seed = 11
+max_duration = "6ep"
+checkpoint_every = "40ba"
+keep_checkpoints = 2
+[model]
+name = "mlp"
+widths = [32, 256, 256, 4]
+[datasets.train]
+kind = "synthetic"
+samples = 4000
+features = 32
+[defaults]
+batch_size = 25
+optimizer = { name = "adam", lr = 0.002 }
+grad_accum = 2
+[[stages]]
+name = "first"
+duration = "2ep"
+schedule = { name = "cosine" }
+clock = "stage"
+[[stages]]
+name = "second"
+duration = "4ep"
+optimizer = { name = "sgd", lr = 0.01, momentum = 0.9 }
+optimizer_carry = "fresh"
+)";
+}  // namespace
+
+TEST_CASE("Ctrl-C checkpoints and exits 3; running again resumes to the same bits", "[cli][resume]") {
+  const auto dir = temp_dir("sigint");
+  std::ofstream(dir / "long.toml") << kLong;
+  const auto file = (dir / "long.toml").string();
+  const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
+  REQUIRE(whole.rc == 0);
+  const auto expected = sha_of(dir / "whole/final.baton");
+
+  // Interrupt mid-epoch in the first stage, then in the second.
+  for (const char* marker : {"[first] epoch 0 batch", "[second] epoch 3 batch"}) {
+    auto child = spawn({"run", file, "--run-dir", (dir / "cut").string()});
+    std::string log;
+    REQUIRE(read_until(child, marker, log));
+    ::kill(child.pid, SIGINT);
+    const int rc = finish(child, log);
+    INFO(log);
+    CHECK(rc == 3);
+    CHECK_THAT(log, Catch::Contains("interrupted at epoch") && Catch::Contains("Resume with: baton run"));
+  }
+  const auto resumed = run("run " + file + " --run-dir " + (dir / "cut").string());
+  INFO(resumed.out);
+  REQUIRE(resumed.rc == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("resuming from"));
+  CHECK(sha_of(dir / "cut/final.baton") == expected);
+
+  // A changed configuration refuses to resume, saying what changed; --fresh starts over.
+  auto child = spawn({"run", file, "--run-dir", (dir / "changed").string()});
+  std::string log;
+  REQUIRE(read_until(child, "[first] epoch 0 batch", log));
+  ::kill(child.pid, SIGTERM);
+  CHECK(finish(child, log) == 3);
+  const auto changed = run("run " + file + " --run-dir " + (dir / "changed").string() + " --set stage.second.optimizer.lr=0.02");
+  CHECK(changed.rc == 2);
+  CHECK_THAT(changed.out, Catch::Contains("another configuration") && Catch::Contains("  + ") && Catch::Contains("lr =") &&
+                              Catch::Contains("--fresh"));
+  const auto fresh = run("run " + file + " --run-dir " + (dir / "changed").string() + " --fresh");
+  REQUIRE(fresh.rc == 0);
+  CHECK_THAT(fresh.out, !Catch::Contains("resuming from"));
+  CHECK(sha_of(dir / "changed/final.baton") == expected);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("SIGKILL at random moments, a corrupt newest checkpoint: resume still gives the same bits", "[cli][resume]") {
+  const auto dir = temp_dir("sigkill");
+  std::ofstream(dir / "long.toml") << kLong;
+  const auto file = (dir / "long.toml").string();
+  const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
+  REQUIRE(whole.rc == 0);
+  const auto expected = sha_of(dir / "whole/final.baton");
+
+  std::mt19937 rng(static_cast<unsigned>(::getpid()));
+  for (int k = 0; k < 3; ++k) {
+    auto child = spawn({"run", file, "--run-dir", (dir / "killed").string()});
+    std::string log;
+    REQUIRE(read_until(child, "%)", log));  // training has started
+    ::usleep(std::uniform_int_distribution<unsigned>(0, 400000)(rng));
+    ::kill(child.pid, SIGKILL);
+    finish(child, log);
+  }
+  // No temporary file may pass for a checkpoint; flip a byte of the newest one.
+  std::vector<fs::path> ckpts;
+  for (const auto& e : fs::directory_iterator(dir / "killed/checkpoints"))
+    if (e.path().extension() == ".baton") ckpts.push_back(e.path());
+  std::sort(ckpts.begin(), ckpts.end());
+  if (!ckpts.empty()) {
+    std::fstream f(ckpts.back(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(200);
+    char c = 0;
+    f.get(c);
+    f.seekp(200);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  const auto resumed = run("run " + file + " --run-dir " + (dir / "killed").string());
+  INFO(resumed.out);
+  REQUIRE(resumed.rc == 0);
+  if (ckpts.size() > 1) CHECK_THAT(resumed.out, Catch::Contains("skipping checkpoint"));
+  CHECK(sha_of(dir / "killed/final.baton") == expected);
   fs::remove_all(dir);
 }

@@ -21,7 +21,7 @@ namespace baton {
 struct EvalSpec {
   std::vector<std::pair<std::string, Dataset>> sets{};
   Loss loss = baton::loss::cross_entropy();
-  std::int64_t batch_size = 1000;
+  std::int64_t batch_size = 256;  ///< activations of a batch stay under glibc's mmap threshold
   std::vector<std::int64_t> top_k = {5};
 };
 

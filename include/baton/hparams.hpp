@@ -70,6 +70,8 @@ struct RunConfig {
   Time max_duration;
   std::filesystem::path run_dir;
   int threads = 0;  ///< intra-op threads for configure_runtime (0: all cores)
+  std::optional<Time> checkpoint_every;  ///< also checkpoint every this much training (in a stage)
+  int keep_checkpoints = 3;              ///< interval checkpoints kept (stage ends are always kept)
 };
 
 /// When and on what a stage evaluates (`eval` in a stage).

@@ -14,7 +14,9 @@
 /// const auto main = warmup.with_name("main").with_duration("3ep"_t);
 /// ```
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -97,6 +99,15 @@ struct TrainingSpec {
   std::int64_t grad_accum = 1;                     ///< microbatches per batch (one update per batch)
   std::optional<double> clip_grad_norm{};          ///< clip the global gradient L2 norm to this
   std::optional<double> clip_grad_value{};         ///< clamp every gradient element to [-v, v]
+  /// Stop after the batch in flight once this flag is set (by a signal handler of the caller's,
+  /// another thread, ...). The returned state is the one reached, marked `interrupted` in its
+  /// history record, so no work is lost and the caller can tell it apart from a completed fit.
+  std::shared_ptr<const std::atomic<bool>> stop{};
+  /// Honour Ctrl-C (SIGINT) and SIGTERM during this fit: the first finishes the batch in flight
+  /// and returns as with `stop`; a second exits the process at once (status 130 or 143; files
+  /// baton writes are atomic, so nothing is left half-written). The handlers are installed only
+  /// while this fit runs and the previous ones restored after.
+  bool handle_signals = false;
   Time duration = Time::epochs(1);                ///< how much to train, from the state's time
   c10::Device device = c10::Device(c10::kCPU);    ///< CPU; CUDA when LibTorch has it
   std::optional<std::uint64_t> data_seed{};         ///< data order seed; default: the run's seed

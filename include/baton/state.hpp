@@ -45,6 +45,7 @@ struct StageRecord {
   double last_lr = 0;           ///< base learning rate of the last step (after the schedule)
   double last_grad_norm = 0;    ///< global gradient norm before clipping (when clipping by norm)
   std::optional<TransferReport> transfer;  ///< set when this call began a stage with a transfer
+  bool interrupted = false;     ///< the last fit of this stage stopped early on a stop request or signal
 };
 
 namespace detail { struct OrderCache; }

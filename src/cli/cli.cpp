@@ -1,11 +1,15 @@
 // The baton command line: run, validate, eval, inspect.
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <set>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -21,6 +25,23 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
+
+// Ctrl-C and SIGTERM during `baton run`: the first asks the training loop to stop after the
+// batch in flight (it then checkpoints and exits 3); a second exits at once. Checkpoints are
+// written atomically, so an exit at any moment leaves the last one intact.
+std::atomic<bool> g_stop{false};
+
+extern "C" void baton_cli_on_signal(int sig) {
+  if (g_stop.exchange(true)) ::_exit(128 + sig);
+}
+
+void install_run_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = baton_cli_on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 int exit_code_for(const Error& e) {
   switch (e.code) {
@@ -133,7 +154,83 @@ struct RunArgs {
   std::string file;
   std::vector<std::string> sets;
   std::string run_dir;
+  bool fresh = false;
 };
+
+/// Checkpoints of a run directory: checkpoints/ckpt-<batch>[-end].baton, newest first (at the
+/// same batch, a stage end before an interval one).
+std::vector<fs::path> list_checkpoints(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".baton" && e.path().filename().string().rfind("ckpt-", 0) == 0) out.push_back(e.path());
+  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) { return a.filename() > b.filename(); });
+  return out;
+}
+
+/// Lines of one text not in the other, for "the config changed" messages.
+std::string config_diff(const std::string& before, const std::string& after) {
+  auto lines = [](const std::string& t) {
+    std::vector<std::string> v;
+    std::stringstream ss(t);
+    for (std::string l; std::getline(ss, l);) v.push_back(l);
+    return v;
+  };
+  const auto a = lines(before), b = lines(after);
+  std::string out;
+  for (const auto& l : a)
+    if (std::find(b.begin(), b.end(), l) == b.end()) out += "  - " + l + "\n";
+  for (const auto& l : b)
+    if (std::find(a.begin(), a.end(), l) == a.end()) out += "  + " + l + "\n";
+  return out;
+}
+
+struct Resume {
+  TrainState state;
+  std::int64_t stage_index = 0;
+  bool stage_done = false;
+  fs::path from;
+};
+
+/// The newest valid checkpoint of the run directory, skipping (and saying so) bad ones. A
+/// checkpoint of another configuration is an error: resuming it would train something else.
+Expected<std::optional<Resume>> find_resume(const fs::path& dir, const Curriculum& cur, const ModelFactory& factory) {
+  for (const auto& path : list_checkpoints(dir / "checkpoints")) {
+    auto info = read_checkpoint_info(path);
+    if (!info) {
+      fmt::print(stderr, "baton: skipping checkpoint {}: {}\n", path.string(), info.error().message);
+      continue;
+    }
+    if (info->meta.config_fingerprint != cur.fingerprint()) {
+      std::string before;
+      if (std::ifstream old(dir / "config.toml"); old) before.assign(std::istreambuf_iterator<char>(old), {});
+      return fail(ErrorCode::invalid_spec,
+                  fmt::format("{} holds a run of another configuration (its checkpoint {} has fingerprint {}, this "
+                              "one {}); resuming would not train what the file says. Changes:\n{}Run with --fresh to "
+                              "start over (its checkpoints and metrics are removed), or use another --run-dir",
+                              dir.string(), path.filename().string(), info->meta.config_fingerprint.substr(0, 12),
+                              cur.fingerprint().substr(0, 12), config_diff(before, cur.resolved_toml())));
+    }
+    auto state = load_checkpoint(path, factory);
+    if (!state) {
+      fmt::print(stderr, "baton: skipping checkpoint {}: {}\n", path.string(), state.error().message);
+      continue;
+    }
+    const auto done = info->meta.extra.find("stage_done");
+    return std::optional<Resume>(Resume{std::move(*state), info->meta.stage_index,
+                                        done != info->meta.extra.end() && done->second == "1", path});
+  }
+  return std::optional<Resume>{};
+}
+
+/// Keeps the newest `keep` interval checkpoints; stage-end ones are all kept.
+void prune_checkpoints(const fs::path& dir, int keep) {
+  int kept = 0;
+  for (const auto& path : list_checkpoints(dir)) {
+    if (path.stem().string().find("-end") != std::string::npos) continue;
+    if (++kept > keep) fs::remove(path);
+  }
+}
 
 int run(const RunArgs& a, const Registry& registry) {
   auto cur = load_curriculum(a.file, a.sets, registry);
@@ -147,12 +244,36 @@ int run(const RunArgs& a, const Registry& registry) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return report(Error{ErrorCode::io, fmt::format("{}: cannot create the run directory: {}", dir.string(), ec.message()), {}});
-  write_text(dir / "config.toml", cur->resolved_toml());
   fmt::print("run \"{}\": {} stages, max duration {}, run directory {}\n", cur->run().name, cur->stages().size(),
              cur->run().max_duration.to_string(), dir.string());
 
-  auto state = cur->init();
+  const fs::path ckpt_dir = dir / "checkpoints";
+  if (a.fresh) {
+    for (const char* f : {"checkpoints", "metrics.jsonl", "metrics.csv", "final.baton"}) fs::remove_all(dir / f, ec);
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().filename().string().rfind("stage-", 0) == 0) fs::remove(e.path(), ec);
+  }
+  auto factory = cur->model();
+  if (!factory) return report(factory.error());
+  auto resume = find_resume(dir, *cur, *factory);
+  if (!resume) return report(resume.error());
+  write_text(dir / "config.toml", cur->resolved_toml());
+  fs::create_directories(ckpt_dir, ec);
+  Expected<TrainState> state = *resume ? Expected<TrainState>(std::move((*resume)->state)) : cur->init();
   if (!state) return report(state.error());
+  if (*resume)
+    fmt::print("resuming from {}: stage {}, epoch {}, batch {}\n", (*resume)->from.string(), state->stage,
+               state->time.epoch, state->time.batch);
+  auto checkpoint = [&](std::size_t index, bool stage_done) -> Expected<void> {
+    const auto name = fmt::format("ckpt-{:010}{}.baton", state->time.batch, stage_done ? "-end" : "");
+    auto ok = save_checkpoint(*state, ckpt_dir / name,
+                              {.run_name = cur->run().name, .config_fingerprint = cur->fingerprint(),
+                               .stage_index = static_cast<std::int64_t>(index),
+                               .extra = {{"stage_done", stage_done ? "1" : "0"}}});
+    if (ok && !stage_done) prune_checkpoints(ckpt_dir, cur->run().keep_checkpoints);
+    return ok;
+  };
+  const auto stop = std::shared_ptr<const std::atomic<bool>>(std::shared_ptr<void>(), &g_stop);
   MetricsLog log(dir);
   Progress progress;
   std::vector<StageSummary> summary;
@@ -160,6 +281,9 @@ int run(const RunArgs& a, const Registry& registry) {
 
   for (std::size_t index = 0; index < cur->stages().size(); ++index) {
     const auto& builder = cur->stages()[index];
+    if (*resume && (static_cast<std::int64_t>(index) < (*resume)->stage_index ||
+                    (static_cast<std::int64_t>(index) == (*resume)->stage_index && (*resume)->stage_done)))
+      continue;  // trained before the checkpoint
     auto spec = builder.build();
     auto plan = builder.eval();
     if (!spec) return report(spec.error());
@@ -182,15 +306,32 @@ int run(const RunArgs& a, const Registry& registry) {
       }
     };
     std::int64_t eval_at = next_eval(*state);
+    // Interval checkpoints, anchored at the stage's start like evaluations.
+    auto next_checkpoint = [&](const TrainState& s) -> std::int64_t {
+      const auto& every = cur->run().checkpoint_every;
+      if (!every) return target->batch;
+      for (int k = 1;; ++k) {
+        Time t = *every;
+        t.value *= k;
+        if (t.unit == TimeUnit::duration && t.value > 1) return target->batch;
+        auto at = stage_end(spec->with_duration(t), s);
+        if (!at || at->batch >= target->batch) return target->batch;
+        if (at->batch > s.time.batch) return at->batch;
+      }
+    };
+    std::int64_t checkpoint_at = next_checkpoint(*state);
     // Training goes in chunks (fit is split-invariant: the bits are those of one fit), which
     // gives the progress bar and interval evaluation their moments.
     const std::int64_t chunk = std::clamp<std::int64_t>(total / 100, 1, 50);
     double loss = 0;
     while (state->time.batch < target->batch) {
-      const std::int64_t step = std::min({chunk, target->batch - state->time.batch, eval_at - state->time.batch});
+      const std::int64_t step = std::min({chunk, target->batch - state->time.batch, eval_at - state->time.batch,
+                                          checkpoint_at - state->time.batch});
       const auto t0 = Clock::now();
       const auto sample0 = state->time.sample;
-      auto next = fit(spec->with_duration(Time::batches(step)), std::move(*state));
+      TrainingSpec chunk_spec = spec->with_duration(Time::batches(step));
+      chunk_spec.stop = stop;
+      auto next = fit(chunk_spec, std::move(*state));
       if (!next) {
         progress.line("");
         return report(next.error());
@@ -202,7 +343,20 @@ int run(const RunArgs& a, const Registry& registry) {
       const std::int64_t done = state->time.batch - first_batch;
       const double elapsed = std::chrono::duration<double>(Clock::now() - stage_started).count();
       const double eta = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
+      if (state->history.back().interrupted || g_stop) {
+        progress.line("");
+        if (auto ok = checkpoint(index, false); !ok) return report(ok.error());
+        fmt::print(stderr, "baton: interrupted at epoch {}, batch {} (stage \"{}\"); checkpoint written to {}.\n"
+                           "Resume with: baton run {}{}\n",
+                   state->time.epoch, state->time.batch, spec->name, ckpt_dir.string(), a.file,
+                   a.run_dir.empty() ? "" : " --run-dir " + a.run_dir);
+        return exit_interrupted;
+      }
       progress.update(spec->name, state->time, done, total, sps, loss, eta);
+      if (state->time.batch >= checkpoint_at && state->time.batch < target->batch) {
+        if (auto ok = checkpoint(index, false); !ok) return report(ok.error());
+        checkpoint_at = next_checkpoint(*state);
+      }
       log.write("train", spec->name, state->time, "", {{"loss", loss}, {"lr", state->history.back().last_lr}, {"samples_per_s", sps}});
       if (state->time.batch >= eval_at && state->time.batch < target->batch) {
         auto m = eval(plan->spec, *state);
@@ -224,11 +378,7 @@ int run(const RunArgs& a, const Registry& registry) {
     row.seconds = std::chrono::duration<double>(Clock::now() - stage_started).count();
     fmt::print("stage {} done: epoch {}, batch {}, loss {:.4f} {} ({})\n", row.name, row.end.epoch, row.end.batch,
                row.loss, metrics_text(row.metrics), duration_text(row.seconds));
-    if (auto ok = save_checkpoint(*state, dir / fmt::format("stage-{:02}-{}.baton", index, spec->name),
-                                  {.run_name = cur->run().name, .config_fingerprint = cur->fingerprint(),
-                                   .stage_index = static_cast<std::int64_t>(index)});
-        !ok)
-      return report(ok.error());
+    if (auto ok = checkpoint(index, true); !ok) return report(ok.error());
     summary.push_back(std::move(row));
   }
   if (auto ok = save_checkpoint(*state, dir / "final.baton",
@@ -245,6 +395,10 @@ int run(const RunArgs& a, const Registry& registry) {
   fmt::print("total time {}; final state {} (params_sha256 {})\n",
              duration_text(std::chrono::duration<double>(Clock::now() - run_started).count()),
              (dir / "final.baton").string(), params_sha256(*state));
+  if (summary.empty() && !cur->stages().empty()) {  // resumed after the last stage had ended
+    if (auto plan = cur->stages().back().eval(); plan && !plan->spec.sets.empty())
+      if (auto m = eval(plan->spec, *state)) summary.push_back(StageSummary{state->stage, state->time, state->time, 0, *m, 0});
+  }
   if (!summary.empty())
     for (const auto& [set, values] : summary.back().metrics)
       if (auto it = values.find("accuracy"); it != values.end()) fmt::print("{}_accuracy={:.4f}\n", set, it->second);
@@ -312,6 +466,7 @@ int main(int argc, char** argv, const Registry& registry) {
   run_cmd->add_option("file", run_args.file, "Curriculum file (TOML)")->required()->check(CLI::ExistingFile);
   run_cmd->add_option("--set", run_args.sets, "Override a value: path=value, e.g. stage.main.optimizer.lr=1e-3");
   run_cmd->add_option("--run-dir", run_args.run_dir, "Run directory (default: run.run_dir)");
+  run_cmd->add_flag("--fresh", run_args.fresh, "Start over: remove the run directory's checkpoints and metrics");
 
   std::string validate_file;
   std::vector<std::string> validate_sets;
@@ -336,7 +491,10 @@ int main(int argc, char** argv, const Registry& registry) {
     return rc == 0 ? exit_ok : exit_invalid_input;
   }
   try {
-    if (*run_cmd) return run(run_args, registry);
+    if (*run_cmd) {
+      install_run_signal_handlers();
+      return run(run_args, registry);
+    }
     if (*validate_cmd) return validate(validate_file, validate_sets, registry);
     if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, registry);
     if (*inspect_cmd) return inspect(inspect_path);
