@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and trains the Fashion-MNIST curriculum.
-# Extra arguments go to the program (e.g. --threads 2, --seed 7).
+# The main job: installs what is missing, builds, and trains the shipped Fashion-MNIST curriculum
+# with the baton command line. Extra arguments go to `baton run` (e.g. --set run.seed=7, --fresh).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_packages
 build
-exec "$BUILD_DIR/fashion_mnist_curriculum" "$@"
+cd "$ROOT"
+exec "$BUILD_DIR/baton" run examples/fashion_mnist.toml "$@"

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -518,7 +519,8 @@ void roll_epoch(Timestamp& t, std::int64_t n, std::int64_t bs, bool drop_last) {
 //     batch_end                timestamp += 1 batch
 //     [epoch_end]              when the epoch's order is used up (or too short with drop_last)
 //   fit_end                    history += {stage, start, end, last loss, lr, grad norm, transfer}
-Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
+namespace {
+Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optional<std::int64_t> max_batches) {
   return detail::guard([&]() -> Expected<TrainState> {
     if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error());
     if (!s.model.module) return fail(ErrorCode::invalid_argument, "fit: the state has no model; make one with init_state");
@@ -533,6 +535,7 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
     const std::uint64_t data_seed = spec.data_seed.value_or(s.seed);
     const StageEnd end = StageEnd::make(spec, s.time, s.max_duration, n);
     const Timestamp start = s.time;
+    const std::int64_t batch_limit = max_batches ? start.batch + *max_batches : std::numeric_limits<std::int64_t>::max();
     if (!spec.device.is_cpu()) s.model.module->to(spec.device);
     std::vector<Slot> slots = prepare_optimizer(spec, s);
     FreezeScope frozen(spec, *s.model.module);
@@ -543,7 +546,7 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
     double last_lr = 0.0;
     bool interrupted = false;
     SignalScope signals(spec.handle_signals);
-    for (Timestamp& t = s.time; !s.finished() && !end.reached(t, n);) {
+    for (Timestamp& t = s.time; !s.finished() && !end.reached(t, n) && t.batch < batch_limit;) {
       if ((spec.stop && spec.stop->load()) || signals.raised()) {  // checked between batches only
         interrupted = true;
         break;
@@ -582,6 +585,16 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState s) {
     }
     return std::move(s);
   }).map_error(add_context(stage_context(spec)));
+}
+}  // namespace
+
+Expected<TrainState> fit(const TrainingSpec& spec, TrainState state) { return fit_impl(spec, std::move(state), std::nullopt); }
+
+Expected<TrainState> fit(const TrainingSpec& spec, TrainState state, std::int64_t max_batches) {
+  if (max_batches < 0)
+    return tl::unexpected(Error{ErrorCode::invalid_argument, fmt::format("fit: max_batches must be >= 0, got {}", max_batches),
+                                {stage_context(spec)}});
+  return fit_impl(spec, std::move(state), max_batches);
 }
 
 Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Batch& batch) {

@@ -347,7 +347,7 @@ Registry Registry::builtin() {
       return fail(ErrorCode::invalid_argument, "model.widths: needs at least two positive integers, e.g. [784, 256, 10]");
     return models::mlp(widths);
   }, "mlp: widths = [in, hidden..., out]"};
-  r.models["small_cnn"] = ModelEntry{{"channels1", "channels2", "hidden", "classes", "in_channels", "image_size"},
+  r.models["small_cnn"] = ModelEntry{{"channels1", "channels2", "hidden", "classes", "in_channels", "image_size", "dropout"},
                                      [](const Params& p) -> Expected<ModelFactory> {
     detail::ParamReader rd(p, "model");
     models::SmallCnnOptions o;
@@ -357,11 +357,14 @@ Registry Registry::builtin() {
     o.classes = static_cast<std::int64_t>(rd.number("classes", 10));
     o.in_channels = static_cast<std::int64_t>(rd.number("in_channels", 1));
     o.image_size = static_cast<std::int64_t>(rd.number("image_size", 28));
+    o.dropout = rd.number("dropout", 0.0);
     if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
     if (o.image_size % 4 != 0 || o.channels1 < 1 || o.channels2 < 1 || o.hidden < 1 || o.classes < 1)
       return fail(ErrorCode::invalid_argument, "model: small_cnn needs positive sizes and image_size divisible by 4");
+    if (!(o.dropout >= 0 && o.dropout < 1))
+      return fail(ErrorCode::invalid_argument, fmt::format("model.dropout: must be in [0, 1), got {}", o.dropout));
     return models::small_cnn(o);
-  }, "small_cnn: channels1, channels2, hidden, classes, in_channels, image_size"};
+  }, "small_cnn: channels1, channels2, hidden, classes, in_channels, image_size, dropout"};
 
   r.datasets["fashion-mnist"] = DatasetEntry{{"split", "dir", "normalize"}, [](const Params& p) -> Expected<Dataset> {
     detail::ParamReader rd(p, "dataset");

@@ -199,12 +199,17 @@ ModelFactory small_cnn(SmallCnnOptions o) {
   return model_factory([o] {
     namespace nn = torch::nn;
     const auto side = o.image_size / 4;
-    return nn::Sequential(
+    nn::Sequential net(
         nn::Conv2d(nn::Conv2dOptions(o.in_channels, o.channels1, 3).padding(1).bias(false)),
         nn::BatchNorm2d(o.channels1), nn::ReLU(), nn::MaxPool2d(2),
         nn::Conv2d(nn::Conv2dOptions(o.channels1, o.channels2, 3).padding(1).bias(false)),
-        nn::BatchNorm2d(o.channels2), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
-        nn::Linear(o.channels2 * side * side, o.hidden), nn::ReLU(), nn::Linear(o.hidden, o.classes));
+        nn::BatchNorm2d(o.channels2), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten());
+    if (o.dropout > 0) net->push_back(nn::Dropout(o.dropout));
+    net->push_back(nn::Linear(o.channels2 * side * side, o.hidden));
+    net->push_back(nn::ReLU());
+    if (o.dropout > 0) net->push_back(nn::Dropout(o.dropout));
+    net->push_back(nn::Linear(o.hidden, o.classes));
+    return net;
   });
 }
 }  // namespace models

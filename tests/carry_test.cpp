@@ -246,3 +246,15 @@ TEST_CASE("pretrain, swap the head, freeze the backbone, then fine-tune all with
   INFO("test accuracy " << m->at("test").at("accuracy"));
   CHECK(m->at("test").at("accuracy") > 0.78);
 }
+
+TEST_CASE("a stage trained in pieces with fit(spec, state, n) equals one fit, stage-clock schedules included", "[carry][schedule]") {
+  const auto sp = stage("s", Time::epochs(2))
+                      .with_schedule(baton::schedule::linear_warmup(Time::fraction(0.2), baton::schedule::cosine()), Clock::stage);
+  const auto whole = ok(baton::fit(sp, test::new_state()));
+  auto pieces = test::new_state();
+  for (std::int64_t n : {1, 7, 13, 3, 40}) pieces = ok(baton::fit(sp, std::move(pieces), n));
+  CHECK(pieces.time.batch == 64);
+  require_same_bits(whole, pieces);
+  CHECK(pieces.history.back().last_lr == whole.history.back().last_lr);
+  CHECK_FALSE(baton::fit(sp, test::new_state(), -1));
+}

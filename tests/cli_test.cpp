@@ -167,7 +167,7 @@ optimizer = { lr = 0.01 }
   REQUIRE(std::regex_search(r.out, m, std::regex("test_accuracy=([0-9.]+)")));
   CHECK(std::stod(m[1]) > 0.6);
   CHECK_THAT(r.out, Catch::Contains("warmup") && Catch::Contains("finetune") && Catch::Contains("total time"));
-  for (const char* f : {"config.toml", "metrics.jsonl", "metrics.csv", "final.baton", "stage-00-warmup.baton"})
+  for (const char* f : {"config.toml", "metrics.jsonl", "metrics.csv", "final.baton", "checkpoints"})
     CHECK(fs::exists(dir / "run" / f));
   // Interval evaluations (every 20 batches of 47) and stage-end ones are in the JSONL log.
   std::ifstream jsonl(dir / "run/metrics.jsonl");

@@ -1,3 +1,5 @@
+#include <csignal>
+
 #include "helpers.hpp"
 
 using baton::Time;
@@ -248,4 +250,42 @@ TEST_CASE("training converges on real Fashion-MNIST data, and splits there give 
   auto split = ok(baton::fit(sp.with_duration(Time::batches(77)), *init));
   split = ok(baton::fit(sp, std::move(split)));
   require_same_bits(trained, split);
+}
+
+TEST_CASE("a fit asked to stop returns the state reached, marked interrupted; handlers are scoped", "[fit][interrupt]") {
+  const auto whole = ok(baton::fit(spec(Time::epochs(1)), test::new_state()));
+  // A stop flag set during batch 5: the batch in flight finishes, then fit returns.
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  int calls = 0;
+  auto stopping = spec(Time::epochs(1));
+  const auto ce = baton::loss::cross_entropy();
+  stopping.loss = baton::loss::custom("ce", [&, ce](const torch::Tensor& y, const torch::Tensor& t) {
+    if (++calls == 5) flag->store(true);
+    return ce.fn(y, t);
+  });
+  stopping.stop = flag;
+  auto part = ok(baton::fit(stopping, test::new_state()));
+  CHECK(part.time.batch == 5);
+  CHECK(part.history.back().interrupted);
+  // Nothing is lost: finishing the stage gives the bits of the uninterrupted fit.
+  auto rest = ok(baton::fit(spec(Time::batches(27)), std::move(part)));
+  require_same_bits(whole, rest);
+  CHECK_FALSE(rest.history.back().interrupted);
+
+  // Ctrl-C during a fit that handles signals: same, and the caller's handler is back afterwards.
+  struct sigaction before {};
+  sigaction(SIGINT, nullptr, &before);
+  auto on_signal = spec(Time::epochs(1));
+  calls = 0;
+  on_signal.loss = baton::loss::custom("ce", [&, ce](const torch::Tensor& y, const torch::Tensor& t) {
+    if (++calls == 3) std::raise(SIGINT);
+    return ce.fn(y, t);
+  });
+  on_signal.handle_signals = true;
+  auto signalled = ok(baton::fit(on_signal, test::new_state()));
+  CHECK(signalled.time.batch == 3);
+  CHECK(signalled.history.back().interrupted);
+  struct sigaction after {};
+  sigaction(SIGINT, nullptr, &after);
+  CHECK(after.sa_handler == before.sa_handler);
 }

@@ -114,7 +114,7 @@ optimizer = { name = "adam", lr = 1e-3 }
   CHECK(adam.optimizer.lr() == 1e-3);
 }
 
-TEST_CASE("--set overrides use the file's paths and the file's types", "[hparams]") {
+TEST_CASE("overrides (--set) use the file's paths and the file's types", "[hparams]") {
   const auto cur = parse(kTwoStages, {"stage.main.optimizer.lr=1e-3", "defaults.batch_size=16", "run.seed=9",
                                       "stage.warmup.duration=2ba", "datasets.train.samples=100"});
   CHECK(cur.run().seed == 9);

@@ -22,6 +22,12 @@ namespace baton {
 /// step is not applied). Every error carries the context `stage "<spec.name>"`.
 Expected<TrainState> fit(const TrainingSpec& spec, TrainState state);
 
+/// The same training as `fit(spec, state)`, stopping after at most `max_batches` steps. The spec
+/// is unchanged, so a schedule on the stage clock keeps `spec.duration` as its horizon: train a
+/// stage in pieces this way (for progress, interval evaluation, checkpoints) rather than with
+/// shorter `with_duration` specs, which would shrink a `dur` schedule's horizon to each piece.
+Expected<TrainState> fit(const TrainingSpec& spec, TrainState state, std::int64_t max_batches);
+
 /// What one training step produced.
 struct StepResult {
   TrainState state;

@@ -64,6 +64,7 @@ struct SmallCnnOptions {
   std::int64_t classes = 10;
   std::int64_t in_channels = 1;
   std::int64_t image_size = 28;  ///< must be divisible by 4
+  double dropout = 0.0;          ///< dropout before and after the hidden layer (0: none)
 };
 
 /// Conv(3x3)-BatchNorm-ReLU-MaxPool twice, then Linear-ReLU-Linear: about 0.9 test accuracy on

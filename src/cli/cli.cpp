@@ -284,7 +284,10 @@ int run(const RunArgs& a, const Registry& registry) {
     if (*resume && (static_cast<std::int64_t>(index) < (*resume)->stage_index ||
                     (static_cast<std::int64_t>(index) == (*resume)->stage_index && (*resume)->stage_done)))
       continue;  // trained before the checkpoint
-    auto spec = builder.build();
+    auto spec = builder.build().map([&](TrainingSpec s) {
+      s.stop = stop;
+      return s;
+    });
     auto plan = builder.eval();
     if (!spec) return report(spec.error());
     if (!plan) return report(plan.error());
@@ -293,11 +296,12 @@ int run(const RunArgs& a, const Registry& registry) {
     StageSummary row{spec->name, state->time, state->time, 0, {}, 0};
     const auto stage_started = Clock::now();
     const std::int64_t first_batch = state->time.batch, total = target->batch - first_batch;
-    // Evaluation points, anchored at the stage's start: k * interval for k = 1, 2, ...
-    auto next_eval = [&](const TrainState& s) -> std::int64_t {
-      if (!plan->interval) return target->batch;
+    // Evaluation and checkpoint points, anchored at the stage's start: k * interval, k = 1, 2, ...
+    // (so a resumed stage evaluates and checkpoints where the uninterrupted one did).
+    auto next_point = [&](const std::optional<Time>& interval, const TrainState& s) -> std::int64_t {
+      if (!interval) return target->batch;
       for (int k = 1;; ++k) {
-        Time t = *plan->interval;
+        Time t = *interval;
         t.value *= k;
         if (t.unit == TimeUnit::duration && t.value > 1) return target->batch;
         auto at = stage_end(spec->with_duration(t), s);
@@ -305,21 +309,8 @@ int run(const RunArgs& a, const Registry& registry) {
         if (at->batch > s.time.batch) return at->batch;
       }
     };
-    std::int64_t eval_at = next_eval(*state);
-    // Interval checkpoints, anchored at the stage's start like evaluations.
-    auto next_checkpoint = [&](const TrainState& s) -> std::int64_t {
-      const auto& every = cur->run().checkpoint_every;
-      if (!every) return target->batch;
-      for (int k = 1;; ++k) {
-        Time t = *every;
-        t.value *= k;
-        if (t.unit == TimeUnit::duration && t.value > 1) return target->batch;
-        auto at = stage_end(spec->with_duration(t), s);
-        if (!at || at->batch >= target->batch) return target->batch;
-        if (at->batch > s.time.batch) return at->batch;
-      }
-    };
-    std::int64_t checkpoint_at = next_checkpoint(*state);
+    std::int64_t eval_at = next_point(plan->interval, *state);
+    std::int64_t checkpoint_at = next_point(cur->run().checkpoint_every, *state);
     // Training goes in chunks (fit is split-invariant: the bits are those of one fit), which
     // gives the progress bar and interval evaluation their moments.
     const std::int64_t chunk = std::clamp<std::int64_t>(total / 100, 1, 50);
@@ -329,9 +320,7 @@ int run(const RunArgs& a, const Registry& registry) {
                                           checkpoint_at - state->time.batch});
       const auto t0 = Clock::now();
       const auto sample0 = state->time.sample;
-      TrainingSpec chunk_spec = spec->with_duration(Time::batches(step));
-      chunk_spec.stop = stop;
-      auto next = fit(chunk_spec, std::move(*state));
+      auto next = fit(*spec, std::move(*state), step);  // the spec (and its stage clock) unchanged
       if (!next) {
         progress.line("");
         return report(next.error());
@@ -355,7 +344,7 @@ int run(const RunArgs& a, const Registry& registry) {
       progress.update(spec->name, state->time, done, total, sps, loss, eta);
       if (state->time.batch >= checkpoint_at && state->time.batch < target->batch) {
         if (auto ok = checkpoint(index, false); !ok) return report(ok.error());
-        checkpoint_at = next_checkpoint(*state);
+        checkpoint_at = next_point(cur->run().checkpoint_every, *state);
       }
       log.write("train", spec->name, state->time, "", {{"loss", loss}, {"lr", state->history.back().last_lr}, {"samples_per_s", sps}});
       if (state->time.batch >= eval_at && state->time.batch < target->batch) {
@@ -363,7 +352,7 @@ int run(const RunArgs& a, const Registry& registry) {
         if (!m) return report(m.error());
         for (const auto& [set, values] : *m) log.write("eval", spec->name, state->time, set, values);
         progress.line(fmt::format("[{}] epoch {} batch {}: {}", spec->name, state->time.epoch, state->time.batch, metrics_text(*m)));
-        eval_at = next_eval(*state);
+        eval_at = next_point(plan->interval, *state);
       }
     }
     progress.finish_stage();
