@@ -14,10 +14,7 @@ const baton::Dataset& data() {
 }
 baton::TrainingSpec stage(const std::string& name, Time t) { return test::spec(data(), t).with_name(name); }
 
-void require_same_bits(const baton::TrainState& a, const baton::TrainState& b) {
-  REQUIRE(baton::bitwise_equal(a, b));
-  REQUIRE(a.rng.equal(b.rng));
-}
+using test::require_same_bits;
 
 torch::Tensor param(const baton::TrainState& s, const std::string& name) {
   for (const auto& [n, t] : s.named_parameters())

@@ -12,11 +12,7 @@ const baton::Dataset& data() {
 }
 baton::TrainingSpec spec(Time t) { return test::spec(data(), t); }
 
-void require_same_bits(const baton::TrainState& a, const baton::TrainState& b) {
-  INFO("a at " << a.time.to_string() << "; b at " << b.time.to_string());
-  REQUIRE(baton::bitwise_equal(a, b));
-  REQUIRE(a.rng.equal(b.rng));
-}
+using test::require_same_bits;
 }  // namespace
 
 TEST_CASE("splitting a run into several fits gives the same bits", "[fit][property]") {

@@ -43,6 +43,13 @@ inline baton::TrainingSpec spec(const baton::Dataset& data, baton::Time duration
   };
 }
 
+/// Bit for bit: every parameter, buffer and optimizer tensor, the timestamp and the RNG state.
+inline void require_same_bits(const baton::TrainState& a, const baton::TrainState& b) {
+  INFO("a at " << a.time.to_string() << "; b at " << b.time.to_string());
+  REQUIRE(baton::bitwise_equal(a, b));
+  REQUIRE(a.rng.equal(b.rng));
+}
+
 inline baton::TrainState ok(baton::Expected<baton::TrainState> r) {
   if (!r) FAIL(r.error().to_string());
   return std::move(*r);
