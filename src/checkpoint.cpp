@@ -124,6 +124,8 @@ json to_json(const StageRecord& r) {
   json j = {{"name", r.name}, {"start", to_json(r.start)}, {"end", to_json(r.end)},
             {"last_loss", to_json(r.last_loss)}, {"last_lr", to_json(r.last_lr)},
             {"last_grad_norm", to_json(r.last_grad_norm)}, {"transfer", nullptr}, {"interrupted", r.interrupted}};
+  if (!r.stop_reason.empty()) j["stop_reason"] = r.stop_reason;
+  if (r.skipped_batches != 0) j["skipped_batches"] = r.skipped_batches;
   if (r.transfer)
     j["transfer"] = {{"copied", r.transfer->copied}, {"skipped", r.transfer->skipped},
                      {"initialized", r.transfer->initialized}};
@@ -133,7 +135,8 @@ json to_json(const StageRecord& r) {
 StageRecord record_of(const json& j) {
   StageRecord r{j.at("name").get<std::string>(), timestamp_of(j.at("start")), timestamp_of(j.at("end")),
                 real_of(j.at("last_loss")), real_of(j.at("last_lr")), real_of(j.at("last_grad_norm")), std::nullopt,
-                j.value("interrupted", false)};
+                j.value("interrupted", false), j.value("stop_reason", std::string()),
+                j.value("skipped_batches", std::int64_t{0})};
   if (const auto& t = j.at("transfer"); !t.is_null())
     r.transfer = TransferReport{t.at("copied").get<std::vector<std::string>>(),
                                 t.at("skipped").get<std::vector<std::string>>(),
@@ -141,12 +144,23 @@ StageRecord record_of(const json& j) {
   return r;
 }
 
+json callback_json(const std::map<std::string, std::map<std::string, double>>& state) {
+  json j = json::object();
+  for (const auto& [cb, values] : state) {
+    json v = json::object();
+    for (const auto& [key, value] : values) v[key] = to_json(value);
+    j[cb] = std::move(v);
+  }
+  return j;
+}
+
 /// One stored tensor, in the order of the data section.
 struct Entry {
-  std::string group;  // "parameter", "buffer", "optimizer_slot" or "rng"
+  std::string group;  // "parameter", "buffer", "optimizer_slot", "rng" or "algorithm"
   std::string name;   // module name; for a slot, its parameter's name
   std::int64_t slot = 0;
   torch::Tensor tensor;  // host(): contiguous CPU, or undefined
+  std::string owner{};   // "algorithm": the algorithm's name
 };
 
 std::vector<Entry> entries_of(const TrainState& s) {
@@ -157,6 +171,8 @@ std::vector<Entry> entries_of(const TrainState& s) {
     for (std::size_t i = 0; i < ps.slots.size(); ++i)
       out.push_back({"optimizer_slot", name, static_cast<std::int64_t>(i), host(ps.slots[i])});
   out.push_back({"rng", "rng", 0, host(s.rng)});
+  for (const auto& [algorithm, tensors] : s.algorithm_state)
+    for (const auto& [name, t] : tensors) out.push_back({"algorithm", name, 0, host(t), algorithm});
   return out;
 }
 
@@ -168,6 +184,7 @@ std::string encode_header(const TrainState& s, const CheckpointMeta& meta, const
   std::uint64_t offset = 0;
   for (const auto& e : entries) {
     json d = {{"group", e.group}, {"name", e.name}, {"slot", e.slot}, {"defined", e.tensor.defined()}};
+    if (e.group == "algorithm") d["owner"] = e.owner;
     if (e.tensor.defined()) {
       const auto dtype = dtype_name(e.tensor.scalar_type());
       if (!dtype || e.tensor.layout() != torch::kStrided || e.tensor.is_quantized())
@@ -195,6 +212,7 @@ std::string encode_header(const TrainState& s, const CheckpointMeta& meta, const
       {"optimizer", {{"kind", s.optimizer.kind}, {"params", std::move(opt_params)}}},
       {"params_sha256", params_sha256(s)},
       {"tensors", std::move(tensors)},
+      {"callback_state", callback_json(s.callback_state)},
   };
   try {
     return header.dump(1);
@@ -230,6 +248,7 @@ class AtomicFile {
   }
 
   void write(const void* data, std::size_t n) {
+    pause_once_for_tests();
     const char* p = static_cast<const char*>(data);
     while (n > 0) {
       const ssize_t w = ::write(fd_, p, n);
@@ -259,9 +278,23 @@ class AtomicFile {
   }
 
  private:
+  /// Test hook: with BATON_TEST_CHECKPOINT_PAUSE_MS set, the write pauses that long once the
+  /// temporary file holds its first bytes, so a test can kill the process in the middle of a
+  /// checkpoint write (tests/cli_test.cpp). Unset, it costs one getenv per file.
+  void pause_once_for_tests() {
+    if (paused_ || written_ == 0) {
+      if (written_ == 0) written_ = 1;
+      return;
+    }
+    paused_ = true;
+    if (const char* ms = std::getenv("BATON_TEST_CHECKPOINT_PAUSE_MS"))
+      ::usleep(static_cast<useconds_t>(std::strtoul(ms, nullptr, 10) * 1000));
+  }
   fs::path target_, tmp_;
   int fd_ = -1;
   bool committed_ = false;
+  bool paused_ = false;
+  int written_ = 0;
 };
 
 // ------------------------------------------------------------------ reading
@@ -369,6 +402,7 @@ struct Header {
   Timestamp stage_start;
   std::vector<StageRecord> history;
   OptimizerState optimizer;  // steps and slot counts; the slot tensors come from the data section
+  std::map<std::string, std::map<std::string, double>> callback_state;  // version 2
 };
 
 Header decode_header(const Verified& v, const fs::path& path) {
@@ -397,6 +431,9 @@ Header decode_header(const Verified& v, const fs::path& path) {
       if (slots > 16) throw std::invalid_argument(fmt::format("{} optimizer slots for one parameter", slots));
       ps.slots.resize(slots);
     }
+    if (v.version >= 2)
+      for (const auto& [cb, values] : h.at("callback_state").items())
+        for (const auto& [key, value] : values.items()) out.callback_state[cb][key] = real_of(value);
     return out;
   });
 }
@@ -409,8 +446,10 @@ std::vector<Entry> tensors_of(const Verified& v, const fs::path& path, bool mate
     std::uint64_t offset = 0;
     for (const json& d : v.header.at("tensors")) {
       Entry e{d.at("group").get<std::string>(), d.at("name").get<std::string>(), d.at("slot").get<std::int64_t>(), {}};
-      if (e.group != "parameter" && e.group != "buffer" && e.group != "optimizer_slot" && e.group != "rng")
+      const bool algorithm = e.group == "algorithm" && v.version >= 2;
+      if (e.group != "parameter" && e.group != "buffer" && e.group != "optimizer_slot" && e.group != "rng" && !algorithm)
         raise_data(path, fmt::format("unknown tensor group \"{}\"", e.group));
+      if (algorithm) e.owner = d.at("owner").get<std::string>();
       if (d.at("defined").get<bool>()) {
         const auto what = fmt::format("{} \"{}\"", e.group, e.name);
         const auto dtype = dtype_of(d.at("dtype").get<std::string>());
@@ -530,6 +569,8 @@ Expected<TrainState> load_checkpoint(const fs::path& path, const ModelFactory& f
         if (it == s.optimizer.params.end() || e.slot < 0 || static_cast<std::size_t>(e.slot) >= it->second.slots.size())
           raise_data(path, fmt::format("optimizer slot {} of \"{}\" is not in the optimizer state", e.slot, e.name));
         it->second.slots[static_cast<std::size_t>(e.slot)] = e.tensor;
+      } else if (e.group == "algorithm") {
+        s.algorithm_state[e.owner][e.name] = e.tensor;
       }
     }
     s.time = h.info.time;
@@ -538,6 +579,7 @@ Expected<TrainState> load_checkpoint(const fs::path& path, const ModelFactory& f
     s.seed = h.info.seed;
     s.max_duration = h.info.max_duration;
     s.history = std::move(h.history);
+    s.callback_state = std::move(h.callback_state);
     return s;
   });
 }

@@ -246,10 +246,16 @@ Expected<Optimizer> from_name(const std::string& name, const Params& params) {
 namespace loss {
 Loss cross_entropy() {
   return Loss{"cross_entropy", [](const torch::Tensor& out, const torch::Tensor& target) {
+                if (target.is_floating_point() && target.sizes() == out.sizes() && out.dim() == 2) {
+                  // Class probabilities (soft targets from label smoothing, MixUp, CutMix):
+                  // the mean over the batch of -sum_c p_c log softmax(out)_c.
+                  return -(target * torch::log_softmax(out, 1)).sum(1).mean();
+                }
                 if (out.dim() != 2 || target.dim() != 1 || out.size(0) != target.size(0)) {
                   detail::raise(ErrorCode::shape_mismatch,
                                 fmt::format("cross_entropy needs model output [batch, classes] and "
-                                            "targets [batch]; got output {} and targets {}",
+                                            "targets [batch] (class indices) or [batch, classes] (probabilities); "
+                                            "got output {} and targets {}",
                                             detail::shape_string(out), detail::shape_string(target)));
                 }
                 if (target.scalar_type() != torch::kLong) {
@@ -306,6 +312,13 @@ BATON_WITH(with_freeze, freeze, std::vector<std::string>)
 BATON_WITH(with_grad_accum, grad_accum, std::int64_t)
 BATON_WITH(with_clip_grad_norm, clip_grad_norm, std::optional<double>)
 BATON_WITH(with_clip_grad_value, clip_grad_value, std::optional<double>)
+BATON_WITH(with_algorithms, algorithms, std::vector<Algorithm>)
+BATON_WITH(with_callbacks, callbacks, std::vector<Callback>)
+BATON_WITH(with_loggers, loggers, std::vector<std::shared_ptr<Logger>>)
+BATON_WITH(with_evaluation, evaluation, std::optional<EvalSchedule>)
+BATON_WITH(with_checkpoints, checkpoints, CheckpointPolicy)
+BATON_WITH(with_non_finite, on_non_finite, NonFinite)
+BATON_WITH(with_duration_anchor, duration_anchor, Anchor)
 #undef BATON_WITH
 
 TrainingSpec TrainingSpec::with_schedule(Schedule v, Clock clock) const {
@@ -364,6 +377,29 @@ Expected<void> TrainingSpec::validate() const {
     note(problems, "device: CUDA requested but this LibTorch has no CUDA device; use CPU");
   if (!device.is_cpu() && !device.is_cuda())
     problems.push_back(fmt::format("device: {} is not supported; use cpu or cuda", device.str()));
+  for (std::size_t i = 0; i < algorithms.size(); ++i) {
+    if (algorithms[i].name.empty()) problems.push_back(fmt::format("algorithms[{}]: has no name", i));
+    if (!algorithms[i].invalid.empty()) problems.push_back(fmt::format("algorithms[{}] ({}): {}", i, algorithms[i].name, algorithms[i].invalid));
+    for (std::size_t j = 0; j < i; ++j)
+      if (!algorithms[i].name.empty() && algorithms[j].name == algorithms[i].name)
+        problems.push_back(fmt::format("algorithms[{}]: \"{}\" is listed twice (its memory is kept by name)", i, algorithms[i].name));
+  }
+  for (std::size_t i = 0; i < callbacks.size(); ++i)
+    if (callbacks[i].name.empty() || !callbacks[i].on_event)
+      problems.push_back(fmt::format("callbacks[{}]: needs a name and an on_event function", i));
+  for (std::size_t i = 0; i < loggers.size(); ++i)
+    if (!loggers[i]) problems.push_back(fmt::format("loggers[{}]: is null", i));
+  auto positive = [&](const std::optional<Time>& t, const char* field) {
+    if (t && !(t->value > 0 && std::isfinite(t->value)))
+      problems.push_back(fmt::format("{}: must be more than zero, got \"{}\"", field, t->to_string()));
+  };
+  if (evaluation) {
+    positive(evaluation->every, "evaluation.every");
+    if (evaluation->spec.sets.empty()) problems.push_back("evaluation.spec.sets: no dataset to evaluate on");
+    if (evaluation->spec.limit && *evaluation->spec.limit <= 0)
+      problems.push_back(fmt::format("evaluation.spec.limit: must be positive, got {}", *evaluation->spec.limit));
+  }
+  positive(checkpoints.every, "checkpoints.every");
   if (problems.empty()) return {};
   return fail(ErrorCode::invalid_spec,
               fmt::format("invalid spec \"{}\": {}", name, fmt::join(problems, "; ")));

@@ -3,12 +3,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "baton/checkpoint.hpp"
 #include "baton/eval.hpp"
 #include "baton/fit.hpp"
 #include "detail.hpp"
@@ -360,21 +362,56 @@ void check_warmup(const TrainingSpec& spec, const TrainState& s, std::int64_t n)
 struct StepOutput {
   double loss;
   double grad_norm;
+  bool non_finite = false;  // the loss or a gradient was not finite: no update was applied
+  std::string what{};       // which one, for the message
+};
+
+/// The loop's observers and transformers for one fit, with what is attached resolved once so
+/// that nothing attached costs nothing (a test of an empty vector per event point).
+struct Hooks {
+  const TrainingSpec& spec;
+  TrainState& s;
+  std::map<std::string, double> scalars_scratch{};
+  bool any_callbacks = !spec.callbacks.empty();
+  bool any_loggers = !spec.loggers.empty();
+  bool any_before_loss = std::any_of(spec.algorithms.begin(), spec.algorithms.end(), [](const Algorithm& a) { return bool(a.before_loss); });
+  bool any_after_backward = std::any_of(spec.algorithms.begin(), spec.algorithms.end(), [](const Algorithm& a) { return bool(a.after_backward); });
+  std::optional<std::string> stop_reason{};
+
+  /// Fires `e` at every callback (in order), sends what they log to the loggers. A callback's
+  /// request to stop is remembered (the first one wins).
+  void fire(Event e, const StepInfo* step = nullptr, const Metrics* metrics = nullptr, const std::string* path = nullptr) {
+    if (!any_callbacks) return;
+    Scalars log;
+    for (const auto& cb : spec.callbacks) {
+      EventView view{e, spec, s, step, metrics, path, &log, &s.callback_state[cb.name]};
+      if (auto reason = cb.on_event(view); reason && !stop_reason) stop_reason = fmt::format("{}: {}", cb.name, *reason);
+    }
+    if (!log.values.empty()) send(log.values);
+  }
+  void send(const std::map<std::string, double>& values) {
+    for (const auto& l : spec.loggers) l->log(spec.name, s.time, values);
+  }
 };
 
 /// forward -> loss -> (finite check) -> backward, over `grad_accum` microbatches; then clip and
-/// update. Changes `s` in place.
+/// update. Changes `s` in place. With a non-finite loss (or gradient, when checked) nothing is
+/// applied and the output says so.
 StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
-                         double lr_scale) {
+                         double lr_scale, Hooks* hooks, const AlgorithmContext* actx) {
   const std::int64_t total = batch.inputs.size(0);
   const std::int64_t k = std::min<std::int64_t>(std::max<std::int64_t>(spec.grad_accum, 1), total);
   const std::int64_t micro = (total + k - 1) / k;
   double batch_loss = 0.0;
+  auto drop_grads = [&] {
+    for (auto& sl : slots) sl.param.mutable_grad().reset();
+  };
   for (std::int64_t start = 0; start < total; start += micro) {
     const std::int64_t size = std::min(micro, total - start);
     const bool whole = size == total;
     const auto inputs = whole ? batch.inputs : batch.inputs.narrow(0, start, size);
-    const auto targets = whole ? batch.targets : batch.targets.narrow(0, start, size);
+    auto targets = whole ? batch.targets : batch.targets.narrow(0, start, size);
+    if (hooks) hooks->fire(Event::before_forward);
     torch::Tensor output;
     try {
       output = s.model.forward(inputs);
@@ -383,18 +420,31 @@ StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Sl
                     fmt::format("the model's forward failed on inputs of shape {}: {}",
                                 detail::shape_string(inputs), detail::torch_message(e)));
     }
-    torch::Tensor loss = spec.loss.fn(output, targets);
+    if (hooks) {
+      if (hooks->any_before_loss)
+        for (const auto& a : spec.algorithms)
+          if (a.before_loss) targets = a.before_loss(*actx, output, std::move(targets));
+      hooks->fire(Event::after_forward);
+    }
+    torch::Tensor loss;
+    try {
+      loss = spec.loss.fn(output, targets);
+    } catch (const c10::Error& e) {
+      detail::raise(ErrorCode::shape_mismatch,
+                    fmt::format("loss \"{}\" failed on the model's output {} and targets {}: {}", spec.loss.name,
+                                detail::shape_string(output), detail::shape_string(targets), detail::torch_message(e)));
+    }
     if (!loss.defined() || loss.dim() != 0)
       detail::raise(ErrorCode::shape_mismatch,
                     fmt::format("loss \"{}\" must return a scalar, returned {}", spec.loss.name,
                                 detail::shape_string(loss)));
     // CPU sync point (cheap on CPU): a non-finite loss must stop us before the step is applied.
     const double value = loss.item<double>();
-    if (!std::isfinite(value))
-      detail::raise(ErrorCode::non_finite,
-                    fmt::format("loss \"{}\" is {} at batch {} (epoch {}, batch {} of it); the step was "
-                                "not applied. Lower the learning rate or check the data for NaN/inf",
-                                spec.loss.name, value, s.time.batch, s.time.epoch, s.time.batch_in_epoch));
+    if (!std::isfinite(value)) {
+      drop_grads();
+      return {value, 0.0, true, fmt::format("loss \"{}\" is {}", spec.loss.name, value)};
+    }
+    if (hooks) hooks->fire(Event::after_loss);
     if (whole) {
       batch_loss = value;
       loss.backward();
@@ -405,9 +455,35 @@ StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Sl
       (loss * weight).backward();
     }
   }
+  if (hooks) {
+    if (hooks->any_after_backward) {
+      std::vector<std::pair<std::string, torch::Tensor>> named;
+      for (const auto& item : s.model.module->named_parameters()) named.emplace_back(item.key(), item.value());
+      for (const auto& a : spec.algorithms)
+        if (a.after_backward) a.after_backward(*actx, named);
+    }
+    hooks->fire(Event::after_backward);
+  }
   const double grad_norm = clip_gradients(spec, slots);
+  // Gradients are checked when the policy asks to survive them, or when the norm is known anyway.
+  const bool check = spec.on_non_finite != NonFinite::error || spec.clip_grad_norm.has_value();
+  if (check) {
+    double norm = grad_norm;
+    if (!spec.clip_grad_norm) {
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> norms;
+      for (auto& sl : slots)
+        if (sl.param.grad().defined()) norms.push_back(sl.param.grad().norm(2));
+      norm = norms.empty() ? 0.0 : torch::stack(norms).norm(2).item<double>();
+    }
+    if (!std::isfinite(norm)) {
+      drop_grads();
+      return {batch_loss, norm, true, fmt::format("the gradient norm is {}", norm)};
+    }
+  }
+  if (hooks) hooks->fire(Event::before_optimizer_step);
   apply_update(spec.optimizer, slots, lr_scale);
-  for (auto& sl : slots) sl.param.mutable_grad().reset();  // set_to_none: no memset per step
+  drop_grads();  // set_to_none: no memset per step
   return {batch_loss, grad_norm};
 }
 
@@ -500,25 +576,93 @@ void roll_epoch(Timestamp& t, std::int64_t n, std::int64_t bs, bool drop_last) {
     t.epoch += 1, t.batch_in_epoch = 0, t.sample_in_epoch = 0;
 }
 
+/// How many whole `every` intervals lie between the stage's start and `t` (integer arithmetic
+/// on the unit's counter; epochs count data positions). Interval events fire when it grows.
+std::int64_t intervals_done(const Time& every, const Timestamp& t, const Timestamp& origin, std::int64_t n, const Time& max) {
+  TimeUnit unit = every.unit;
+  double amount = every.value;
+  if (unit == TimeUnit::duration) unit = max.unit, amount *= max.value;
+  switch (unit) {
+    case TimeUnit::batch: return (t.batch - origin.batch) / std::max<std::int64_t>(1, std::llround(amount));
+    case TimeUnit::sample: return (t.sample - origin.sample) / std::max<std::int64_t>(1, std::llround(amount));
+    case TimeUnit::epoch: {
+      const std::int64_t pos = (t.epoch * n + t.sample_in_epoch) - (origin.epoch * n + origin.sample_in_epoch);
+      return pos / std::max<std::int64_t>(1, std::llround(amount * static_cast<double>(n)));
+    }
+    case TimeUnit::duration: break;
+  }
+  return 0;
+}
+
+/// Fraction of the stage done at `t`, in [0, 1] (for algorithms that follow the stage's course).
+double stage_progress(const StageEnd& end, const Timestamp& t, const Timestamp& origin, std::int64_t n) {
+  double done = 0, total = 1;
+  switch (end.unit) {
+    case TimeUnit::epoch:
+      done = static_cast<double>((t.epoch * n + t.sample_in_epoch) - (origin.epoch * n + origin.sample_in_epoch));
+      total = static_cast<double>(end.target - (origin.epoch * n + origin.sample_in_epoch));
+      break;
+    case TimeUnit::batch:
+      done = static_cast<double>(t.batch - origin.batch), total = static_cast<double>(end.target - origin.batch);
+      break;
+    case TimeUnit::sample:
+      done = static_cast<double>(t.sample - origin.sample), total = static_cast<double>(end.target - origin.sample);
+      break;
+    case TimeUnit::duration: break;
+  }
+  return total > 0 ? std::clamp(done / total, 0.0, 1.0) : 1.0;
+}
+
+/// Classes of the training data: max label + 1 for int64 class labels, else 0.
+std::int64_t data_classes(const Dataset& d) {
+  if (!d.targets.defined() || d.targets.scalar_type() != torch::kLong || d.targets.dim() != 1 || d.targets.numel() == 0) return 0;
+  return d.targets.max().item<std::int64_t>() + 1;
+}
+
+/// Keeps the newest `keep` interval checkpoints (`ckpt-<10 digits>.baton`) of `dir`; stage-end
+/// checkpoints and other files are never touched.
+void prune_checkpoints(const std::filesystem::path& dir, int keep) {
+  if (keep <= 0) return;
+  std::vector<std::filesystem::path> interval;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.size() == 21 && f.rfind("ckpt-", 0) == 0 && f.ends_with(".baton") &&
+        std::all_of(f.begin() + 5, f.begin() + 15, [](char c) { return c >= '0' && c <= '9'; }))
+      interval.push_back(e.path());
+  }
+  std::sort(interval.begin(), interval.end());
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < interval.size(); ++i) std::filesystem::remove(interval[i], ec);
+}
+
 }  // namespace
 
-// The loop, with its event points (where algorithms and callbacks will attach):
+// The loop, with its event points ([event] fires callbacks; "algorithms:" says which algorithm
+// hook runs there, in the order of spec.algorithms):
 //
 //   fit_start                  a new stage (spec.name differs from state.stage): close a partial
 //                              epoch, apply model and optimizer carry-over; resolve groups, freeze
-//   while not (stage end or run max reached):
+//   while not (stage end or run max reached or a stop):
 //     [epoch_start]            order = epoch_order(size, seed, epoch)         (cached per epoch)
-//     batch_start              batch = data[order[sample_in_epoch : +batch_size]]
+//     [batch_start]            batch = data[order[sample_in_epoch : +batch_size]]
+//     [after_data]             algorithms: after_data(batch) -> batch   (augmentation, MixUp, ...)
 //                              lr = group lr * schedule(time on the run's or the stage's clock)
 //     for each microbatch (grad_accum):
-//       before_forward         output = model(micro.inputs)
-//       after_forward          loss = loss(output, micro.targets)   (non-finite: stop, no step)
-//       after_loss             (loss * micro/batch).backward()
-//     after_backward           clip by global norm, then by value
-//     before_optimizer_step    optimizer update (moments keyed by name), grads set to none
-//     batch_end                timestamp += 1 batch
+//       [before_forward]       output = model(micro.inputs)
+//       [after_forward]        algorithms: before_loss(output, targets) -> targets (smoothing)
+//                              loss = loss(output, targets)  (non-finite: policy, no step)
+//       [after_loss]           (loss * micro/batch).backward()
+//     [after_backward]         algorithms: after_backward(gradients)   (scheduled freezing)
+//                              clip by global norm, then by value; (checked: non-finite grads)
+//     [before_optimizer_step]  optimizer update (moments keyed by name), grads set to none
+//     [batch_end]              timestamp += 1 batch; algorithms: batch_end(weights) (EMA, SWA)
 //     [epoch_end]              when the epoch's order is used up (or too short with drop_last)
-//   fit_end                    history += {stage, start, end, last loss, lr, grad norm, transfer}
+//     [eval_start/eval_end]    at spec.evaluation.every (from the stage's start)
+//     [checkpoint]             at spec.checkpoints.every (from the stage's start)
+//     stop check               a callback's reason, the stop flag, a signal
+//   at the stage's end:        algorithms: stage_end(state) (SWA); [eval_*]; [checkpoint] -end
+//   on interruption:           [checkpoint]
+//   [fit_end]                  history: {stage, start, end, last loss, lr, grad norm, transfer, ...}
 namespace {
 Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optional<std::int64_t> max_batches) {
   return detail::guard([&]() -> Expected<TrainState> {
@@ -533,24 +677,69 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
     // The order is a function of (seed, epoch) and the data's size only, not of the stage: a
     // stage split in two stages with the same data trains the same bits as one stage.
     const std::uint64_t data_seed = spec.data_seed.value_or(s.seed);
-    const StageEnd end = StageEnd::make(spec, s.time, s.max_duration, n);
     const Timestamp start = s.time;
+    const Timestamp origin = spec.duration_anchor == Anchor::stage ? s.stage_start : start;
+    const StageEnd end = StageEnd::make(spec, origin, s.max_duration, n);
     const std::int64_t batch_limit = max_batches ? start.batch + *max_batches : std::numeric_limits<std::int64_t>::max();
     if (!spec.device.is_cpu()) s.model.module->to(spec.device);
     std::vector<Slot> slots = prepare_optimizer(spec, s);
     FreezeScope frozen(spec, *s.model.module);
     s.model.module->train(true);
-    detail::GlobalRngScope rng(s.rng);  // dropout etc. draw from the run's RNG
+    detail::GlobalRngScope rng(s.rng);  // dropout, augmentation etc. draw from the run's RNG
+
+    // One record per stage: a fit that continues the stage extends its record, so a stage split
+    // into several fits leaves the same history as one fit.
+    if (transfer || s.history.empty() || s.history.back().name != spec.name || !(s.history.back().end == start))
+      s.history.push_back(StageRecord{spec.name, start, start, std::nan(""), 0.0, 0.0, std::move(transfer), false});
+    const std::size_t rec = s.history.size() - 1;
+    s.history[rec].interrupted = false;
+
+    const bool attached = !spec.algorithms.empty() || !spec.callbacks.empty() || !spec.loggers.empty() ||
+                          spec.evaluation.has_value() || !spec.checkpoints.dir.empty();
+    Hooks hooks{spec, s};
+    Hooks* h = attached ? &hooks : nullptr;
+    const std::int64_t num_classes = spec.algorithms.empty() ? 0 : data_classes(data);
+
+    std::optional<std::int64_t> evaluated_at;  // the batch count of this fit's last evaluation
+    auto run_eval = [&]() {
+      evaluated_at = s.time.batch;
+      hooks.fire(Event::eval_start);
+      s.rng = rng.current();  // eval draws nothing, but reads the state's generator
+      auto m = eval(spec.evaluation->spec, s);
+      if (!m) throw detail::BatonException(m.error().with_context("evaluation"));
+      if (hooks.any_loggers) {
+        std::map<std::string, double> flat;
+        for (const auto& [set, values] : *m)
+          for (const auto& [metric, v] : values) flat[fmt::format("eval/{}/{}", set, metric)] = v;
+        hooks.send(flat);
+      }
+      hooks.fire(Event::eval_end, nullptr, &*m);
+    };
+    auto write_checkpoint = [&](bool stage_done) {
+      s.rng = rng.current();
+      CheckpointMeta meta = spec.checkpoints.meta;
+      // (insert_or_assign of a std::string: GCC 12's -Wstringop-overflow misfires on operator=(const char*))
+      meta.extra.insert_or_assign("stage_done", std::string(stage_done ? "1" : "0"));
+      const auto path = spec.checkpoints.dir / fmt::format("ckpt-{:010}{}.baton", s.time.batch, stage_done ? "-end" : "");
+      std::error_code ec;
+      std::filesystem::create_directories(spec.checkpoints.dir, ec);
+      if (auto ok = save_checkpoint(s, path, meta); !ok) throw detail::BatonException(ok.error().with_context("checkpoint"));
+      if (!stage_done) prune_checkpoints(spec.checkpoints.dir, spec.checkpoints.keep);
+      const std::string p = path.string();
+      hooks.fire(Event::checkpoint, nullptr, nullptr, &p);
+    };
 
     StepOutput last{std::nan(""), 0.0};
     double last_lr = 0.0;
-    bool interrupted = false;
+    bool interrupted = false, any_step = false;
     SignalScope signals(spec.handle_signals);
+    if (h) hooks.fire(Event::fit_start);
     for (Timestamp& t = s.time; !s.finished() && !end.reached(t, n) && t.batch < batch_limit;) {
       if ((spec.stop && spec.stop->load()) || signals.raised()) {  // checked between batches only
         interrupted = true;
         break;
       }
+      if (hooks.stop_reason) break;
       roll_epoch(t, n, bs, spec.data.drop_last);
       if (s.finished() || end.reached(t, n)) break;
       const auto& cache = s.order_cache;
@@ -559,6 +748,8 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
         s.order_cache = std::make_shared<const detail::OrderCache>(detail::OrderCache{
             data_seed, t.epoch, n, spec.data.shuffle, data::epoch_order(n, data_seed, t.epoch, spec.data.shuffle)});
       }
+      if (h && t.sample_in_epoch == 0) hooks.fire(Event::epoch_start);
+      if (h) hooks.fire(Event::batch_start);
       const std::int64_t take = std::min(bs, n - t.sample_in_epoch);
       const auto index = s.order_cache->order.narrow(0, t.sample_in_epoch, take);
       Batch batch{data.inputs.index_select(0, index), data.targets.index_select(0, index)};
@@ -566,22 +757,82 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
         batch.inputs = batch.inputs.to(spec.device, /*non_blocking=*/true);
         batch.targets = batch.targets.to(spec.device, /*non_blocking=*/true);
       }
+      const Timestamp before = t;
+      const AlgorithmContext actx{spec, before, h ? stage_progress(end, before, origin, n) : 0.0, num_classes};
+      if (h) {
+        for (const auto& a : spec.algorithms)
+          if (a.after_data) batch = a.after_data(actx, std::move(batch));
+        hooks.fire(Event::after_data);
+      }
       const double scale = spec.schedule(schedule_time(spec, s, t, s.stage_start, n));
-      last = step_in_place(spec, s, slots, batch, scale);
+      StepOutput out = step_in_place(spec, s, slots, batch, scale, h, &actx);
+      if (out.non_finite) {
+        const std::string where = fmt::format("at batch {} (epoch {}, batch {} of it)", t.batch, t.epoch, t.batch_in_epoch);
+        if (spec.on_non_finite == NonFinite::error)
+          detail::raise(ErrorCode::non_finite,
+                        fmt::format("{} {}; the step was not applied. Lower the learning rate, clip gradients, "
+                                    "check the data for NaN/inf, or set the non-finite policy to skip or stop",
+                                    out.what, where));
+        if (spec.on_non_finite == NonFinite::stop) {
+          hooks.stop_reason = fmt::format("non-finite: {} {}; stopped before the step", out.what, where);
+          break;
+        }
+        s.history[rec].skipped_batches += 1;  // skip: the batch is consumed, nothing applied
+      } else {
+        last = out;
+      }
       last_lr = spec.optimizer.lr() * scale;
+      any_step = true;
       advance(t, take);
+      if (h) {
+        const StepInfo info{out.loss, last_lr, out.grad_norm, take, out.non_finite};
+        for (const auto& a : spec.algorithms)
+          if (a.batch_end) a.batch_end(actx, s, s.algorithm_state[a.name]);
+        hooks.fire(Event::batch_end, &info);
+      }
+      const std::int64_t epoch_before = t.epoch;
       roll_epoch(t, n, bs, spec.data.drop_last);
+      auto& r = s.history[rec];
+      r.end = t;
+      if (!out.non_finite) r.last_loss = last.loss, r.last_grad_norm = last.grad_norm;
+      r.last_lr = last_lr;
+      if (h) {
+        if (t.epoch != epoch_before) hooks.fire(Event::epoch_end);
+        const bool at_end = end.reached(t, n) || s.finished();
+        auto crossed = [&](const std::optional<Time>& every) {
+          return every && intervals_done(*every, t, s.stage_start, n, s.max_duration) >
+                              intervals_done(*every, before, s.stage_start, n, s.max_duration);
+        };
+        if (spec.evaluation && crossed(spec.evaluation->every) && !(at_end && spec.evaluation->at_stage_end)) run_eval();
+        if (!spec.checkpoints.dir.empty() && crossed(spec.checkpoints.every) && !(at_end && spec.checkpoints.at_stage_end))
+          write_checkpoint(false);
+      }
     }
     s.rng = rng.current();
-    // One record per stage: a fit that continues the stage extends its record, so a stage split
-    // into several fits leaves the same history as one fit.
-    if (!transfer && !s.history.empty() && s.history.back().name == spec.name && s.history.back().end == start) {
-      auto& rec = s.history.back();
-      rec.end = s.time;
-      rec.interrupted = interrupted;
-      if (s.time.batch > start.batch) rec.last_loss = last.loss, rec.last_lr = last_lr, rec.last_grad_norm = last.grad_norm;
-    } else {
-      s.history.push_back(StageRecord{spec.name, start, s.time, last.loss, last_lr, last.grad_norm, std::move(transfer), interrupted});
+    auto& r = s.history[rec];
+    r.end = s.time;
+    r.interrupted = interrupted;
+    if (hooks.stop_reason) r.stop_reason = *hooks.stop_reason;
+    if (h) {
+      // The stage ends when its duration (or the run's) is reached, or a callback ended it.
+      const bool stage_done = end.reached(s.time, n) || s.finished() || hooks.stop_reason.has_value();
+      if (stage_done && (any_step || hooks.stop_reason)) {
+        for (const auto& a : spec.algorithms)
+          if (a.stage_end) {
+            const AlgorithmContext actx{spec, s.time, 1.0, num_classes};
+            a.stage_end(actx, s, s.algorithm_state[a.name]);
+          }
+        // An evaluation that just ran on these same weights is not repeated (a callback stop right
+        // after an interval evaluation), unless a stage-end algorithm (SWA) has changed them since.
+        const bool weights_moved = std::any_of(spec.algorithms.begin(), spec.algorithms.end(),
+                                               [](const Algorithm& a) { return static_cast<bool>(a.stage_end); });
+        if (spec.evaluation && spec.evaluation->at_stage_end && (weights_moved || evaluated_at != s.time.batch)) run_eval();
+        if (!spec.checkpoints.dir.empty() && spec.checkpoints.at_stage_end) write_checkpoint(true);
+      } else if (interrupted && !spec.checkpoints.dir.empty() && spec.checkpoints.on_interrupt) {
+        write_checkpoint(false);
+      }
+      hooks.fire(Event::fit_end);
+      for (const auto& l : spec.loggers) l->flush();
     }
     return std::move(s);
   }).map_error(add_context(stage_context(spec)));
@@ -619,7 +870,22 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
     detail::GlobalRngScope rng(s.rng);
     roll_epoch(s.time, n, std::max<std::int64_t>(spec.data.batch_size, 1), spec.data.drop_last);
     const double scale = spec.schedule(schedule_time(spec, s, s.time, s.stage_start, n));
-    const StepOutput out = step_in_place(spec, s, slots, batch, scale);
+    // The spec's algorithms apply as in fit (callbacks and loggers are fit's business).
+    TrainingSpec quiet = spec;
+    quiet.callbacks.clear(), quiet.loggers.clear();
+    Hooks hooks{quiet, s};
+    const Timestamp before = s.time;
+    const StageEnd end = StageEnd::make(spec, spec.duration_anchor == Anchor::stage ? s.stage_start : before, s.max_duration, n);
+    const AlgorithmContext actx{spec, before, stage_progress(end, before, spec.duration_anchor == Anchor::stage ? s.stage_start : before, n),
+                                spec.algorithms.empty() ? 0 : std::max(data_classes(spec.data.train), data_classes(Dataset{batch.inputs, batch.targets, ""}))};
+    Batch b2 = batch;
+    for (const auto& a : spec.algorithms)
+      if (a.after_data) b2 = a.after_data(actx, std::move(b2));
+    const StepOutput out = step_in_place(quiet, s, slots, b2, scale, spec.algorithms.empty() ? nullptr : &hooks, &actx);
+    if (out.non_finite)
+      detail::raise(ErrorCode::non_finite, fmt::format("{} at batch {}; the step was not applied", out.what, s.time.batch));
+    for (const auto& a : spec.algorithms)
+      if (a.batch_end) a.batch_end(actx, s, s.algorithm_state[a.name]);
     advance(s.time, b);
     roll_epoch(s.time, n, std::max<std::int64_t>(spec.data.batch_size, 1), spec.data.drop_last);
     s.rng = rng.current();
@@ -646,8 +912,8 @@ Timestamp simulate(const TrainingSpec& spec, Timestamp now, const Timestamp& ori
 Expected<Timestamp> fit_end(const TrainingSpec& spec, const TrainState& s) {
   if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error().with_context(stage_context(spec)));
   if (s.finished()) return s.time;
-  const Timestamp t = stage_position(spec, s).time;
-  return simulate(spec, t, t, s.max_duration);
+  const StagePosition pos = stage_position(spec, s);
+  return simulate(spec, pos.time, spec.duration_anchor == Anchor::stage ? pos.stage_start : pos.time, s.max_duration);
 }
 
 Expected<Timestamp> stage_end(const TrainingSpec& spec, const TrainState& s) {
@@ -688,12 +954,39 @@ Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
       return fail(ErrorCode::invalid_argument, fmt::format("eval: batch_size must be positive, got {}", spec.batch_size));
     if (!spec.loss.fn) return fail(ErrorCode::invalid_argument, "eval: no loss function set");
     torch::NoGradGuard no_grad;
+    if (!spec.weights.empty()) {
+      // Evaluate a copy that holds the weights the algorithm keeps (e.g. its EMA).
+      auto it = s.algorithm_state.find(spec.weights);
+      if (it == s.algorithm_state.end() || it->second.empty())
+        return fail(ErrorCode::invalid_argument,
+                    fmt::format("eval: weights \"{}\" requested, but the state holds none; add the algorithm \"{}\" "
+                                "to the training spec and train at least one step with it",
+                                spec.weights, spec.weights));
+      TrainState swapped = s;
+      auto take = [&](const std::vector<std::pair<std::string, torch::Tensor>>& named) -> Expected<void> {
+        for (const auto& [name, t] : named) {
+          auto jt = it->second.find(name);
+          if (jt == it->second.end() || !jt->second.defined() || jt->second.sizes() != t.sizes())
+            return fail(ErrorCode::shape_mismatch,
+                        fmt::format("eval: weights \"{}\" have no tensor \"{}\" of shape {} (the model changed since "
+                                    "they were recorded?)", spec.weights, name, detail::shape_string(t)));
+          t.copy_(jt->second);
+        }
+        return {};
+      };
+      if (auto ok = take(swapped.named_parameters()); !ok) return tl::unexpected(ok.error());
+      if (auto ok = take(swapped.named_buffers()); !ok) return tl::unexpected(ok.error());
+      EvalSpec plain = spec;
+      plain.weights.clear();
+      return eval(plain, swapped);
+    }
     EvalModeScope eval_mode(*s.model.module);
     detail::GlobalRngScope rng(s.rng);  // restores the caller's generator; the state's is not written
     Metrics metrics;
     for (const auto& [name, ds] : spec.sets) {
       if (auto ok = ds.validate(); !ok) return tl::unexpected(ok.error().with_context(fmt::format("eval set \"{}\"", name)));
-      const std::int64_t n = ds.size();
+      const std::int64_t n = spec.limit ? std::min(ds.size(), *spec.limit) : ds.size();
+      if (n <= 0) return fail(ErrorCode::invalid_argument, fmt::format("eval set \"{}\": no samples to evaluate", name));
       const bool classes = ds.targets.scalar_type() == torch::kLong && ds.targets.dim() == 1;
       double loss_sum = 0;
       std::int64_t correct = 0;

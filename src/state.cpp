@@ -79,9 +79,14 @@ TrainState::TrainState(const TrainState& o)
       history(o.history),
       stage(o.stage),
       stage_start(o.stage_start),
+      algorithm_state(o.algorithm_state),
+      callback_state(o.callback_state),
       order_cache(o.order_cache) {
   for (auto& [name, ps] : optimizer.params)
     for (auto& t : ps.slots)
+      if (t.defined()) t = t.clone();
+  for (auto& [algorithm, tensors] : algorithm_state)
+    for (auto& [name, t] : tensors)
       if (t.defined()) t = t.clone();
   if (o.model.module) {
     // The factory may draw from the global generator to initialize: keep the caller's intact.
@@ -158,8 +163,19 @@ bool bitwise_equal(const TrainState& a, const TrainState& b) {
     return true;
   };
   if (!(a.time == b.time) || a.optimizer.kind != b.optimizer.kind || a.stage != b.stage ||
-      !(a.stage_start == b.stage_start))
+      !(a.stage_start == b.stage_start) || a.callback_state != b.callback_state)
     return false;
+  if (a.algorithm_state.size() != b.algorithm_state.size()) return false;
+  for (const auto& [algorithm, ta] : a.algorithm_state) {
+    auto it = b.algorithm_state.find(algorithm);
+    if (it == b.algorithm_state.end() || it->second.size() != ta.size()) return false;
+    for (const auto& [name, x] : ta) {
+      auto jt = it->second.find(name);
+      if (jt == it->second.end()) return false;
+      const auto& y = jt->second;
+      if (x.defined() != y.defined() || (x.defined() && !torch::equal(x, y))) return false;
+    }
+  }
   if (!same(a.named_parameters(), b.named_parameters()) || !same(a.named_buffers(), b.named_buffers()))
     return false;
   if (a.optimizer.params.size() != b.optimizer.params.size()) return false;

@@ -326,7 +326,8 @@ TEST_CASE("a missing, truncated, corrupt, newer or foreign checkpoint is a clear
 
   SECTION("the file is framed exactly as docs/checkpoint.md says") {
     const auto parts = split(bytes);
-    CHECK(parts.version == 1);
+    CHECK(parts.version == baton::checkpoint_format_version);
+    CHECK(parts.version == 2);
     CHECK(frame(parts) == bytes);
     CHECK(nlohmann::json::parse(parts.header).at("stage") == "test");
   }
@@ -354,12 +355,12 @@ TEST_CASE("a missing, truncated, corrupt, newer or foreign checkpoint is a clear
   }
   SECTION("a newer format version asks for a newer baton, checksum or not") {
     auto patched = bytes;
-    const std::uint32_t v2 = 2;
-    std::memcpy(patched.data() + 8, &v2, 4);
-    both(patched, ErrorCode::data, "format version 2 is newer than this baton reads (version 1); upgrade baton");
+    const std::uint32_t v3 = 3;
+    std::memcpy(patched.data() + 8, &v3, 4);
+    both(patched, ErrorCode::data, "format version 3 is newer than this baton reads (version 2); upgrade baton");
     auto parts = split(bytes);
-    parts.version = 2;
-    both(frame(parts), ErrorCode::data, "format version 2 is newer");
+    parts.version = 3;
+    both(frame(parts), ErrorCode::data, "format version 3 is newer");
   }
   SECTION("not a checkpoint") {
     both("PK\x03\x04 something else entirely", ErrorCode::data, "not a baton checkpoint");

@@ -2,9 +2,12 @@
 /// \file baton.hpp
 /// Everything of baton's public API.
 
+#include "baton/algorithms.hpp"
+#include "baton/callbacks.hpp"
 #include "baton/checkpoint.hpp"
 #include "baton/data.hpp"
 #include "baton/error.hpp"
+#include "baton/events.hpp"
 #include "baton/eval.hpp"
 #include "baton/fit.hpp"
 #include "baton/hparams.hpp"

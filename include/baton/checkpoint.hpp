@@ -26,12 +26,12 @@
 namespace baton {
 
 /// The newest checkpoint format version this build reads and writes.
-inline constexpr std::uint32_t checkpoint_format_version = 1;
+inline constexpr std::uint32_t checkpoint_format_version = 2;  // 2 adds algorithm and callback state
 
 /// What a checkpoint says about itself, besides the state.
 struct CheckpointMeta {
-  std::string run_name;                       ///< e.g. the curriculum's run name
-  std::string config_fingerprint;             ///< e.g. a hash of the resolved config
+  std::string run_name{};                     ///< e.g. the curriculum's run name
+  std::string config_fingerprint{};           ///< e.g. a hash of the resolved config
   std::int64_t stage_index = -1;              ///< position in a curriculum (-1: none)
   std::map<std::string, std::string> extra{}; ///< anything else, as text
 };

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,11 @@ struct EvalSpec {
   Loss loss = baton::loss::cross_entropy();
   std::int64_t batch_size = 256;  ///< activations of a batch stay under glibc's mmap threshold
   std::vector<std::int64_t> top_k = {5};
+  /// Evaluate on the first `limit` samples of each set only (a quick estimate during training).
+  std::optional<std::int64_t> limit{};
+  /// Evaluate with weights an algorithm keeps instead of the model's own: "ema" or "swa" (the
+  /// name of an entry in `TrainState::algorithm_state` holding parameters and buffers by name).
+  std::string weights{};
 };
 
 /// Metric values by set name, then metric name: `metrics["test"]["accuracy"]`.

@@ -16,13 +16,17 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include <c10/core/Device.h>
 
+#include "baton/checkpoint.hpp"
 #include "baton/data.hpp"
+#include "baton/eval.hpp"
+#include "baton/events.hpp"
 #include "baton/error.hpp"
 #include "baton/loss.hpp"
 #include "baton/optim.hpp"
@@ -73,6 +77,41 @@ struct ModelCarry {
   }
 };
 
+/// Evaluation during a fit: at intervals from the stage's start and at the stage's end. The
+/// results go to the callbacks (eval_end, e.g. early stopping) and the loggers.
+struct EvalSchedule {
+  EvalSpec spec{};
+  std::optional<Time> every{};  ///< in any unit, counted from the stage's start; none: stage end only
+  bool at_stage_end = true;
+};
+
+/// Checkpoints a fit writes by itself: files `ckpt-<batch, 10 digits>.baton` in `dir` at intervals
+/// from the stage's start, `ckpt-<batch>-end.baton` when the stage ends, and one when the fit
+/// is interrupted (stop flag or signal). Writes are atomic (see checkpoint.hpp). A failed
+/// write is an error of the fit (the state in memory is lost to the caller only if the caller
+/// did not keep it: fit takes its state by value).
+struct CheckpointPolicy {
+  std::filesystem::path dir{};     ///< empty: no checkpoints
+  std::optional<Time> every{};     ///< interval, in any unit, counted from the stage's start
+  bool at_stage_end = true;
+  bool on_interrupt = true;
+  int keep = 3;                    ///< newest interval checkpoints kept; stage-end ones always kept (<= 0: all)
+  CheckpointMeta meta{};           ///< written into each; `extra["stage_done"]` is set to "1" at stage end
+};
+
+/// What a fit does with a non-finite loss (or, when it checks them, gradients).
+enum class NonFinite {
+  error,  ///< the fit fails with ErrorCode::non_finite; the step is not applied (default)
+  skip,   ///< the batch is consumed without an update; counted in `StageRecord::skipped_batches`
+  stop,   ///< the fit ends before the step with the state reached and a stop reason
+};
+
+/// Where a spec's `duration` counts from.
+enum class Anchor {
+  fit,    ///< the state's time when `fit` is called: each fit trains `duration` more
+  stage,  ///< the stage's start: the stage ends where the curriculum says, however it is split or resumed
+};
+
 /// One stage of training. Everything a stage changes, and what it keeps, is written here:
 ///
 /// | what                     | carried over                          | field              |
@@ -108,7 +147,19 @@ struct TrainingSpec {
   /// baton writes are atomic, so nothing is left half-written). The handlers are installed only
   /// while this fit runs and the previous ones restored after.
   bool handle_signals = false;
-  Time duration = Time::epochs(1);                ///< how much to train, from the state's time
+  /// Training algorithms, applied at their event points in this order (events.hpp).
+  std::vector<Algorithm> algorithms{};
+  /// Observers (monitors, early stopping); called in this order at each event.
+  std::vector<Callback> callbacks{};
+  /// Where callbacks' scalars and eval metrics go (JSONL, CSV, TensorBoard, console).
+  std::vector<std::shared_ptr<Logger>> loggers{};
+  std::optional<EvalSchedule> evaluation{};        ///< evaluation during the fit
+  CheckpointPolicy checkpoints{};                  ///< checkpoints the fit writes itself
+  /// Non-finite loss: error, skip the batch or stop. Gradients are checked too when the policy
+  /// is skip or stop, or when clipping by norm computes the norm anyway.
+  NonFinite on_non_finite = NonFinite::error;
+  Time duration = Time::epochs(1);                ///< how much to train (from `duration_anchor`)
+  Anchor duration_anchor = Anchor::fit;           ///< count `duration` from this fit's start or the stage's
   c10::Device device = c10::Device(c10::kCPU);    ///< CPU; CUDA when LibTorch has it
   std::optional<std::uint64_t> data_seed{};         ///< data order seed; default: the run's seed
 
@@ -122,6 +173,7 @@ struct TrainingSpec {
   [[nodiscard]] TrainingSpec with_optimizer_carry(Carry v) const;
   [[nodiscard]] TrainingSpec with_lr(double lr) const;
   [[nodiscard]] TrainingSpec with_duration(Time v) const;
+  [[nodiscard]] TrainingSpec with_duration_anchor(Anchor v) const;
   [[nodiscard]] TrainingSpec with_device(c10::Device v) const;
   [[nodiscard]] TrainingSpec with_data_seed(std::uint64_t v) const;
   [[nodiscard]] TrainingSpec with_schedule(Schedule v, Clock clock) const;
@@ -130,6 +182,12 @@ struct TrainingSpec {
   [[nodiscard]] TrainingSpec with_grad_accum(std::int64_t microbatches) const;
   [[nodiscard]] TrainingSpec with_clip_grad_norm(std::optional<double> max_norm) const;
   [[nodiscard]] TrainingSpec with_clip_grad_value(std::optional<double> max_value) const;
+  [[nodiscard]] TrainingSpec with_algorithms(std::vector<Algorithm> v) const;
+  [[nodiscard]] TrainingSpec with_callbacks(std::vector<Callback> v) const;
+  [[nodiscard]] TrainingSpec with_loggers(std::vector<std::shared_ptr<Logger>> v) const;
+  [[nodiscard]] TrainingSpec with_evaluation(std::optional<EvalSchedule> v) const;
+  [[nodiscard]] TrainingSpec with_checkpoints(CheckpointPolicy v) const;
+  [[nodiscard]] TrainingSpec with_non_finite(NonFinite v) const;
 
   /// Every problem of the spec at once, in one error (code invalid_spec), each line naming the
   /// field, e.g. `data.batch_size: must be positive, got 0`.

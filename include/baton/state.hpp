@@ -12,6 +12,7 @@
 /// ```
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,8 @@ struct StageRecord {
   double last_grad_norm = 0;    ///< global gradient norm before clipping (when clipping by norm)
   std::optional<TransferReport> transfer;  ///< set when this call began a stage with a transfer
   bool interrupted = false;     ///< the last fit of this stage stopped early on a stop request or signal
+  std::string stop_reason{};    ///< why a callback (early stopping, ...) or the non-finite policy ended the stage early
+  std::int64_t skipped_batches = 0;  ///< batches consumed without an update (non-finite policy "skip")
 };
 
 namespace detail { struct OrderCache; }
@@ -63,6 +66,10 @@ struct TrainState {
   std::vector<StageRecord> history;  ///< what the run has done, one record per stage
   std::string stage;               ///< name of the stage in progress ("" before the first fit)
   Timestamp stage_start;           ///< when the stage in progress began (the stage clock's origin)
+  /// What algorithms remember (EMA/SWA weights, ...), by algorithm name then tensor name.
+  std::map<std::string, std::map<std::string, torch::Tensor>> algorithm_state;
+  /// What callbacks remember (early stopping's best value, ...), by callback name then key.
+  std::map<std::string, std::map<std::string, double>> callback_state;
 
   TrainState() = default;
   TrainState(const TrainState& other);             ///< deep copy

@@ -1,0 +1,86 @@
+#pragma once
+/// \file callbacks.hpp
+/// Built-in callbacks (observers, see events.hpp) and loggers.
+///
+/// ```cpp
+/// namespace cb = baton::callbacks;
+/// auto tb = baton::loggers::tensorboard("runs/a/tb");            // Expected<shared_ptr<Logger>>
+/// auto spec = main.with_callbacks({cb::train_monitor({.every = 50}), cb::throughput({.every = 50}),
+///                                  cb::early_stopping({.metric = "test/accuracy", .patience = 3})})
+///                 .with_loggers({*tb})
+///                 .with_evaluation(baton::EvalSchedule{.spec = {.sets = {{"test", test}}}, .every = "1ep"_t});
+/// ```
+///
+/// Scalars are named like "train/loss", "train/lr", "train/samples_per_s", "train/grad_norm",
+/// "system/peak_rss_mb", and eval metrics "eval/<set>/<metric>".
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "baton/error.hpp"
+#include "baton/events.hpp"
+
+namespace baton::callbacks {
+
+/// How often a monitor logs: every `every` batches (counted on the run's batch counter).
+struct MonitorOptions {
+  std::int64_t every = 1;
+};
+/// "train/loss" and "train/lr" of the step (and "train/skipped" when a batch was skipped).
+Callback train_monitor(MonitorOptions o = {});
+/// "train/lr": the base learning rate after the schedule.
+Callback lr_monitor(MonitorOptions o = {});
+/// "train/samples_per_s": samples per wall-clock second since the last time it logged.
+Callback throughput(MonitorOptions o = {});
+/// "system/peak_rss_mb": the process's peak resident memory (getrusage).
+Callback memory_monitor(MonitorOptions o = {});
+/// "train/grad_norm": the global L2 norm of the gradients after backward (before clipping).
+Callback grad_norm_monitor(MonitorOptions o = {});
+/// Stops the fit when a parameter holds NaN or infinity (checked every `every` batches), naming
+/// the parameter and the batch.
+Callback nan_monitor(MonitorOptions o = {});
+
+enum class Mode { max, min };
+struct EarlyStoppingOptions {
+  std::string metric = "test/loss";  ///< "<eval set>/<metric>", from the spec's evaluation
+  Mode mode = Mode::min;             ///< min: lower is better (a loss); max: higher (accuracy)
+  std::int64_t patience = 3;         ///< evaluations without improvement before stopping
+  double min_delta = 0;              ///< an improvement must beat the best by more than this
+};
+/// Ends the fit (with the state reached and a reason in `StageRecord::stop_reason`, not an
+/// error) when the metric has not improved for `patience` evaluations. Its best value and count
+/// live in the state (`callback_state["early_stopping"]`), so they survive splits and resumes.
+Callback early_stopping(EarlyStoppingOptions o);
+
+struct ThresholdOptions {
+  std::string metric = "test/accuracy";
+  double threshold = 0;
+  Mode mode = Mode::max;  ///< max: stop once metric >= threshold; min: once metric <= threshold
+};
+/// Ends the fit once an evaluated metric reaches a threshold.
+Callback threshold_stop(ThresholdOptions o);
+
+}  // namespace baton::callbacks
+
+namespace baton::loggers {
+
+/// One JSON object per log call: {"stage", "epoch", "batch", "sample", "scalars": {...}}
+/// (non-finite values as null). Appends to `path`.
+Expected<std::shared_ptr<Logger>> jsonl(const std::filesystem::path& path);
+/// Long-format CSV: stage,epoch,batch,sample,key,value (a header when the file is new).
+Expected<std::shared_ptr<Logger>> csv(const std::filesystem::path& path);
+/// TensorBoard event files in `dir` (events.out.tfevents.<seconds>.<host>.baton): scalars with
+/// the run's batch counter as step. Each record: length, masked CRC-32C of the length, an Event
+/// protocol buffer (wall_time, step, summary{value{tag, simple_value}}), masked CRC-32C of it.
+Expected<std::shared_ptr<Logger>> tensorboard(const std::filesystem::path& dir);
+/// One line per log call on `out` (stdout by default): "[stage] epoch 1 batch 469: key=value ...".
+std::shared_ptr<Logger> console(std::FILE* out = stdout);
+
+}  // namespace baton::loggers
+
+namespace baton {
+/// CRC-32C (Castagnoli), as TensorBoard's record format uses; exposed for tests and tools.
+std::uint32_t crc32c(const void* data, std::size_t size);
+}  // namespace baton

@@ -1,0 +1,351 @@
+// Built-in callbacks and loggers (include/baton/callbacks.hpp).
+#include "baton/callbacks.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "baton/eval.hpp"
+#include "baton/spec.hpp"
+#include "baton/state.hpp"
+
+namespace baton {
+
+namespace {
+constexpr std::array<std::uint32_t, 256> crc32c_table() {
+  std::array<std::uint32_t, 256> t{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78U : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+constexpr auto kCrc32cTable = crc32c_table();
+}  // namespace
+
+std::uint32_t crc32c(const void* data, std::size_t size) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::uint32_t c = 0xFFFFFFFFU;
+  for (std::size_t i = 0; i < size; ++i) c = kCrc32cTable[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFU;
+}
+
+std::string_view to_string(Event e) {
+  switch (e) {
+    case Event::fit_start: return "fit_start";
+    case Event::epoch_start: return "epoch_start";
+    case Event::batch_start: return "batch_start";
+    case Event::after_data: return "after_data";
+    case Event::before_forward: return "before_forward";
+    case Event::after_forward: return "after_forward";
+    case Event::after_loss: return "after_loss";
+    case Event::after_backward: return "after_backward";
+    case Event::before_optimizer_step: return "before_optimizer_step";
+    case Event::batch_end: return "batch_end";
+    case Event::epoch_end: return "epoch_end";
+    case Event::eval_start: return "eval_start";
+    case Event::eval_end: return "eval_end";
+    case Event::checkpoint: return "checkpoint";
+    case Event::fit_end: return "fit_end";
+  }
+  return "?";
+}
+
+std::ostream& operator<<(std::ostream& out, Event e) { return out << to_string(e); }
+
+namespace callbacks {
+namespace {
+
+bool due(const EventView& v, std::int64_t every) {
+  return every <= 1 || v.state.time.batch % every == 0;
+}
+
+/// metrics["test"]["accuracy"] for "test/accuracy".
+std::optional<double> lookup(const std::map<std::string, std::map<std::string, double>>& m, const std::string& key) {
+  const auto slash = key.find('/');
+  if (slash == std::string::npos) return std::nullopt;
+  auto set = m.find(key.substr(0, slash));
+  if (set == m.end()) return std::nullopt;
+  auto metric = set->second.find(key.substr(slash + 1));
+  if (metric == set->second.end()) return std::nullopt;
+  return metric->second;
+}
+
+std::string known_metrics(const std::map<std::string, std::map<std::string, double>>& m) {
+  std::vector<std::string> keys;
+  for (const auto& [set, values] : m)
+    for (const auto& [metric, v] : values) keys.push_back(set + "/" + metric);
+  return fmt::format("{}", fmt::join(keys, ", "));
+}
+
+}  // namespace
+
+Callback train_monitor(MonitorOptions o) {
+  return {"train_monitor", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::batch_end || !due(v, o.every)) return std::nullopt;
+            v.log->add("train/loss", v.step->loss);
+            v.log->add("train/lr", v.step->lr);
+            if (v.step->skipped) v.log->add("train/skipped", 1);
+            return std::nullopt;
+          }};
+}
+
+Callback lr_monitor(MonitorOptions o) {
+  return {"lr_monitor", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event == Event::batch_end && due(v, o.every)) v.log->add("train/lr", v.step->lr);
+            return std::nullopt;
+          }};
+}
+
+Callback throughput(MonitorOptions o) {
+  struct Since {
+    std::chrono::steady_clock::time_point at;
+    std::int64_t sample = -1;
+  };
+  auto since = std::make_shared<Since>();
+  return {"throughput", [o, since](const EventView& v) -> std::optional<std::string> {
+            const auto now = std::chrono::steady_clock::now();
+            if (v.event == Event::fit_start || since->sample < 0) {
+              since->at = now, since->sample = v.state.time.sample;
+              return std::nullopt;
+            }
+            if (v.event != Event::batch_end || !due(v, o.every)) return std::nullopt;
+            const double secs = std::chrono::duration<double>(now - since->at).count();
+            if (secs > 0) v.log->add("train/samples_per_s", static_cast<double>(v.state.time.sample - since->sample) / secs);
+            since->at = now, since->sample = v.state.time.sample;
+            return std::nullopt;
+          }};
+}
+
+Callback memory_monitor(MonitorOptions o) {
+  return {"memory_monitor", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::batch_end || !due(v, o.every)) return std::nullopt;
+            rusage ru{};
+            if (getrusage(RUSAGE_SELF, &ru) == 0) v.log->add("system/peak_rss_mb", static_cast<double>(ru.ru_maxrss) / 1024.0);
+            return std::nullopt;
+          }};
+}
+
+Callback grad_norm_monitor(MonitorOptions o) {
+  auto norm = std::make_shared<double>(0.0);
+  return {"grad_norm_monitor", [o, norm](const EventView& v) -> std::optional<std::string> {
+            if (v.event == Event::after_backward && due(v, o.every)) {
+              torch::NoGradGuard no_grad;
+              double sq = 0;
+              for (const auto& p : v.state.model.module->parameters())
+                if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+              *norm = std::sqrt(sq);
+            } else if (v.event == Event::batch_end && due(v, o.every)) {
+              // batch_end comes after the step: the time has moved on by one batch.
+              v.log->add("train/grad_norm", *norm);
+            }
+            return std::nullopt;
+          }};
+}
+
+Callback nan_monitor(MonitorOptions o) {
+  return {"nan_monitor", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::batch_end || !due(v, o.every)) return std::nullopt;
+            for (const auto& [name, p] : v.state.named_parameters())
+              if (!torch::isfinite(p).all().item<bool>())
+                return fmt::format("parameter \"{}\" holds NaN or infinity after batch {}", name, v.state.time.batch);
+            return std::nullopt;
+          }};
+}
+
+Callback early_stopping(EarlyStoppingOptions o) {
+  return {"early_stopping", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::eval_end) return std::nullopt;
+            const auto value = lookup(*v.metrics, o.metric);
+            if (!value)
+              return fmt::format("metric \"{}\" is not among the evaluated ones ({}); stopping rather than "
+                                 "training blind", o.metric, known_metrics(*v.metrics));
+            auto& mem = *v.memory;
+            const bool first = !mem.count("best");
+            const double best = first ? 0.0 : mem["best"];
+            const bool better = first || (o.mode == Mode::min ? *value < best - o.min_delta : *value > best + o.min_delta);
+            if (better) {
+              mem["best"] = *value, mem["bad"] = 0;
+              return std::nullopt;
+            }
+            mem["bad"] += 1;
+            if (mem["bad"] >= static_cast<double>(o.patience))
+              return fmt::format("{} did not improve on {} by more than {} for {} evaluations (last {})", o.metric, best,
+                                 o.min_delta, o.patience, *value);
+            return std::nullopt;
+          }};
+}
+
+Callback threshold_stop(ThresholdOptions o) {
+  return {"threshold_stop", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::eval_end) return std::nullopt;
+            const auto value = lookup(*v.metrics, o.metric);
+            if (!value)
+              return fmt::format("metric \"{}\" is not among the evaluated ones ({})", o.metric, known_metrics(*v.metrics));
+            if (o.mode == Mode::max ? *value >= o.threshold : *value <= o.threshold)
+              return fmt::format("{} reached {} (threshold {})", o.metric, *value, o.threshold);
+            return std::nullopt;
+          }};
+}
+
+}  // namespace callbacks
+
+namespace loggers {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+Expected<void> open_for_append(std::ofstream& out, const fs::path& path) {
+  std::error_code ec;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
+  out.open(path, std::ios::app | std::ios::binary);
+  if (!out)
+    return fail(ErrorCode::io, fmt::format("{}: cannot open for writing: {}", path.string(), std::strerror(errno)));
+  return {};
+}
+
+class JsonlLogger final : public Logger {
+ public:
+  void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
+    json values = json::object();
+    for (const auto& [k, v] : scalars) values[k] = std::isfinite(v) ? json(v) : json(nullptr);
+    json line = {{"stage", stage}, {"epoch", t.epoch}, {"batch", t.batch}, {"sample", t.sample}, {"scalars", values}};
+    out_ << line.dump() << '\n';
+  }
+  void flush() override { out_.flush(); }
+  std::ofstream out_;
+};
+
+class CsvLogger final : public Logger {
+ public:
+  void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
+    for (const auto& [k, v] : scalars) out_ << fmt::format("{},{},{},{},{},{}\n", stage, t.epoch, t.batch, t.sample, k, v);
+  }
+  void flush() override { out_.flush(); }
+  std::ofstream out_;
+};
+
+class ConsoleLogger final : public Logger {
+ public:
+  explicit ConsoleLogger(std::FILE* out) : out_(out) {}
+  void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
+    std::string line = fmt::format("[{}] epoch {} batch {}:", stage, t.epoch, t.batch);
+    for (const auto& [k, v] : scalars) line += fmt::format(" {}={:.6g}", k, v);
+    fmt::print(out_, "{}\n", line);
+  }
+  void flush() override { std::fflush(out_); }
+ private:
+  std::FILE* out_;
+};
+
+// ---- TensorBoard's record format
+void varint(std::string& out, std::uint64_t v) {
+  while (v >= 0x80) out.push_back(static_cast<char>((v & 0x7F) | 0x80)), v >>= 7;
+  out.push_back(static_cast<char>(v));
+}
+template <class T>
+void little(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));  // little-endian hosts only (as the checkpoint format)
+  out.append(b, sizeof(T));
+}
+void bytes_field(std::string& out, int field, std::string_view data) {
+  varint(out, static_cast<std::uint64_t>(field) << 3 | 2);
+  varint(out, data.size());
+  out.append(data);
+}
+std::uint32_t masked(std::uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8U; }
+
+/// Event{wall_time = 1, step = 2, file_version = 3, summary = 5}.
+std::string event(double wall_time, std::int64_t step, std::string_view file_version, std::string_view summary) {
+  std::string e;
+  varint(e, 1 << 3 | 1);
+  little(e, wall_time);
+  varint(e, 2 << 3 | 0);
+  varint(e, static_cast<std::uint64_t>(step));
+  if (!file_version.empty()) bytes_field(e, 3, file_version);
+  if (!summary.empty()) bytes_field(e, 5, summary);
+  return e;
+}
+
+class TensorBoardLogger final : public Logger {
+ public:
+  void log(const std::string&, const Timestamp& t, const std::map<std::string, double>& scalars) override {
+    std::string summary;
+    for (const auto& [k, v] : scalars) {
+      std::string value;  // Summary.Value{tag = 1, simple_value = 2}
+      bytes_field(value, 1, k);
+      varint(value, 2 << 3 | 5);
+      little(value, static_cast<float>(v));
+      bytes_field(summary, 1, value);
+    }
+    record(event(now(), t.batch, {}, summary));
+  }
+  void flush() override { out_.flush(); }
+  void record(const std::string& data) {
+    std::string head;
+    little(head, static_cast<std::uint64_t>(data.size()));
+    const std::uint32_t len_crc = masked(crc32c(head.data(), head.size()));
+    const std::uint32_t data_crc = masked(crc32c(data.data(), data.size()));
+    little(head, len_crc);
+    out_ << head << data;
+    std::string tail;
+    little(tail, data_crc);
+    out_ << tail;
+  }
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  std::ofstream out_;
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<Logger>> jsonl(const fs::path& path) {
+  auto l = std::make_shared<JsonlLogger>();
+  if (auto ok = open_for_append(l->out_, path); !ok) return tl::unexpected(ok.error());
+  return l;
+}
+
+Expected<std::shared_ptr<Logger>> csv(const fs::path& path) {
+  std::error_code ec;
+  const bool fresh = !fs::exists(path, ec) || fs::file_size(path, ec) == 0;
+  auto l = std::make_shared<CsvLogger>();
+  if (auto ok = open_for_append(l->out_, path); !ok) return tl::unexpected(ok.error());
+  if (fresh) l->out_ << "stage,epoch,batch,sample,key,value\n";
+  return l;
+}
+
+Expected<std::shared_ptr<Logger>> tensorboard(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fail(ErrorCode::io, fmt::format("{}: cannot create the TensorBoard directory: {}", dir.string(), ec.message()));
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  const auto secs = static_cast<std::int64_t>(TensorBoardLogger::now());
+  auto l = std::make_shared<TensorBoardLogger>();
+  const fs::path file = dir / fmt::format("events.out.tfevents.{}.{}.{}.baton", secs, host, ::getpid());
+  l->out_.open(file, std::ios::binary | std::ios::trunc);
+  if (!l->out_) return fail(ErrorCode::io, fmt::format("{}: cannot open for writing: {}", file.string(), std::strerror(errno)));
+  l->record(event(TensorBoardLogger::now(), 0, "brain.Event:2", {}));
+  l->out_.flush();
+  return l;
+}
+
+std::shared_ptr<Logger> console(std::FILE* out) { return std::make_shared<ConsoleLogger>(out); }
+
+}  // namespace loggers
+}  // namespace baton
