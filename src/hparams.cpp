@@ -13,6 +13,8 @@
 
 #include "baton/hparams.hpp"
 #include "baton/schedule.hpp"
+#include "baton/algorithms.hpp"
+#include "baton/callbacks.hpp"
 #include "detail.hpp"
 #include "params_reader.hpp"
 
@@ -21,11 +23,12 @@ namespace {
 
 const std::vector<std::string> kInheritable = {"data", "batch_size", "shuffle", "drop_last", "loss",
                                                "optimizer", "schedule", "clock", "grad_accum",
-                                               "clip_grad_norm", "clip_grad_value", "eval"};
+                                               "clip_grad_norm", "clip_grad_value", "eval",
+                                               "algorithms", "callbacks", "on_non_finite"};
 const std::vector<std::string> kStageOnly = {"name", "duration", "optimizer_carry", "model", "freeze"};
 const std::vector<std::string> kRunKeys = {"name", "seed", "device", "max_duration", "run_dir", "threads",
-                                           "checkpoint_every", "keep_checkpoints"};
-const std::vector<std::string> kEvalKeys = {"sets", "interval", "batch_size", "top_k"};
+                                           "checkpoint_every", "keep_checkpoints", "tensorboard"};
+const std::vector<std::string> kEvalKeys = {"sets", "interval", "batch_size", "top_k", "limit", "weights"};
 const std::vector<std::string> kGroupKeys = {"patterns", "lr", "weight_decay"};
 const std::vector<std::string> kLosses = {"cross_entropy", "mse"};
 
@@ -339,6 +342,69 @@ std::vector<std::int64_t> int_list(const Params& params, const std::string& key)
 }
 }  // namespace
 
+/// A built-in callback from its TOML table (docs/config.md).
+Expected<Callback> callback_from_name(const std::string& name, const Params& params) {
+  detail::ParamReader r(params, "callbacks." + name);
+  const std::vector<std::string> known = {"train_monitor", "lr_monitor", "throughput", "memory_monitor",
+                                          "grad_norm_monitor", "nan_monitor", "early_stopping", "threshold_stop"};
+  auto mode = [&](callbacks::Mode fallback) {
+    auto it = params.find("mode");
+    r.seen("mode");
+    if (it == params.end()) return fallback;
+    const auto* s = std::get_if<std::string>(&it->second);
+    if (s && *s == "max") return callbacks::Mode::max;
+    if (s && *s == "min") return callbacks::Mode::min;
+    r.problem(fmt::format("callbacks.{}.mode: expected \"max\" or \"min\"", name));
+    return fallback;
+  };
+  auto text = [&](const std::string& key, std::string fallback) {
+    auto it = params.find(key);
+    r.seen(key);
+    if (it == params.end()) return fallback;
+    if (const auto* s = std::get_if<std::string>(&it->second)) return *s;
+    r.problem(fmt::format("callbacks.{}.{}: expected a text", name, key));
+    return fallback;
+  };
+  auto every = [&] {
+    const double v = r.number("every", 1);
+    if (v < 1 || v != std::floor(v)) r.problem(fmt::format("callbacks.{}.every: expected a whole number >= 1, got {}", name, v));
+    return callbacks::MonitorOptions{static_cast<std::int64_t>(std::max(1.0, v))};
+  };
+  std::optional<Callback> out;
+  if (name == "train_monitor") out = callbacks::train_monitor(every());
+  else if (name == "lr_monitor") out = callbacks::lr_monitor(every());
+  else if (name == "throughput") out = callbacks::throughput(every());
+  else if (name == "memory_monitor") out = callbacks::memory_monitor(every());
+  else if (name == "grad_norm_monitor") out = callbacks::grad_norm_monitor(every());
+  else if (name == "nan_monitor") out = callbacks::nan_monitor(every());
+  else if (name == "early_stopping") {
+    callbacks::EarlyStoppingOptions o;
+    o.metric = text("metric", o.metric);
+    o.mode = mode(o.mode);
+    const double patience = r.number("patience", 3);
+    if (patience < 1 || patience != std::floor(patience))
+      r.problem(fmt::format("callbacks.early_stopping.patience: expected a whole number >= 1, got {}", patience));
+    o.patience = static_cast<std::int64_t>(patience);
+    o.min_delta = r.number("min_delta", 0);
+    if (o.min_delta < 0) r.problem(fmt::format("callbacks.early_stopping.min_delta: must be >= 0, got {}", o.min_delta));
+    out = callbacks::early_stopping(o);
+  } else if (name == "threshold_stop") {
+    callbacks::ThresholdOptions o;
+    o.metric = text("metric", o.metric);
+    o.mode = mode(o.mode);
+    if (!params.count("threshold")) r.problem("callbacks.threshold_stop.threshold: required (a number)");
+    o.threshold = r.number("threshold", 0);
+    out = callbacks::threshold_stop(o);
+  } else {
+    const auto near = detail::closest(name, known);
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("callbacks: unknown callback \"{}\"{}; known: {}", name,
+                            near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(known, ", ")));
+  }
+  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+  return std::move(*out);
+}
+
 Registry Registry::builtin() {
   Registry r;
   r.models["mlp"] = ModelEntry{{"widths"}, [](const Params& p) -> Expected<ModelFactory> {
@@ -536,6 +602,8 @@ SpecBuilder SpecBuilder::with(std::function<TrainingSpec(TrainingSpec)> change) 
   return SpecBuilder(std::move(impl));
 }
 
+static EvalPlan parse_eval(const SpecBuilder::Impl& b, Problems& p);
+
 Expected<TrainingSpec> SpecBuilder::build() const {
   const Impl& b = *impl_;
   Problems p{b.doc->source, {}};
@@ -563,6 +631,65 @@ Expected<TrainingSpec> SpecBuilder::build() const {
   if (auto v = r.one_of<Carry>(b.get("optimizer_carry"), "optimizer_carry", {{"keep", Carry::keep}, {"fresh", Carry::fresh}}))
     spec.optimizer_carry = *v;
   if (auto v = r.strings(b.get("freeze"), "freeze")) spec.freeze = *v;
+  if (auto v = r.one_of<NonFinite>(b.get("on_non_finite"), "on_non_finite",
+                                   {{"error", NonFinite::error}, {"skip", NonFinite::skip}, {"stop", NonFinite::stop}}))
+    spec.on_non_finite = *v;
+
+  // algorithms = { mixup = { alpha = 0.2 }, ema = {}, order = ["ema", "mixup"] }: the most
+  // specific layer's table replaces the others whole, so a stage can switch algorithms off
+  // with `algorithms = {}`.
+  if (const auto* n = b.get("algorithms")) {
+    if (const auto* t = n->as_table()) {
+      std::vector<std::string> order = algorithms::default_order();
+      if (const auto* o = t->get("order")) {
+        if (auto v = r.strings(o, "algorithms.order")) {
+          for (const auto& name : *v)
+            if (!t->contains(name))
+              p.add(o, fmt::format("{}algorithms.order: \"{}\" is not one of this stage's algorithms", r.path, name));
+          order = *v;
+          for (const auto& name : algorithms::default_order())  // the rest keep the default order
+            if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);
+        }
+      }
+      for (const auto& [key, node] : *t) {
+        const std::string name(key.str());
+        if (name == "order") continue;
+        if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);  // unknown: error below
+      }
+      for (const auto& name : order) {
+        const auto* node = t->get(name);
+        if (!node) continue;
+        const auto* opts = node->as_table();
+        if (!opts) {
+          p.add(node, fmt::format("{}algorithms.{}: expected a table of options (e.g. {} = {{}})", r.path, name, name));
+          continue;
+        }
+        auto a = algorithms::from_name(name, to_params(*opts, {}, r.path + "algorithms." + name, p));
+        if (a) spec.algorithms.push_back(std::move(*a));
+        else p.add(node, r.path + a.error().message);
+      }
+    } else {
+      p.add(n, fmt::format("{}algorithms: expected a table such as {{ mixup = {{ alpha = 0.2 }} }}, got {}", r.path, type_name(*n)));
+    }
+  }
+  // callbacks = { early_stopping = { metric = "test/accuracy", mode = "max", patience = 2 }, ... }
+  if (const auto* n = b.get("callbacks")) {
+    if (const auto* t = n->as_table()) {
+      for (const auto& [key, node] : *t) {
+        const std::string name(key.str());
+        const auto* opts = node.as_table();
+        if (!opts) {
+          p.add(&node, fmt::format("{}callbacks.{}: expected a table of options", r.path, name));
+          continue;
+        }
+        auto c = callback_from_name(name, to_params(*opts, {}, r.path + "callbacks." + name, p));
+        if (c) spec.callbacks.push_back(std::move(*c));
+        else p.add(&node, r.path + c.error().message);
+      }
+    } else {
+      p.add(n, fmt::format("{}callbacks: expected a table such as {{ early_stopping = {{ patience = 3 }} }}, got {}", r.path, type_name(*n)));
+    }
+  }
 
   // model carry-over: "keep" | "reinitialize" | "transfer" | {carry = ..., fresh = [...]}
   if (const auto* n = b.get("model")) {
@@ -619,15 +746,19 @@ Expected<TrainingSpec> SpecBuilder::build() const {
     if (s) spec.schedule = *s;
     else p.add(b.get("schedule"), r.path + s.error().message);
   }
+  // Evaluation during the fit: at the eval interval and at the stage's end.
+  if (EvalPlan plan = parse_eval(b, p); !plan.spec.sets.empty()) {
+    plan.spec.loss = spec.loss;
+    spec.evaluation = EvalSchedule{plan.spec, plan.interval, true};
+  }
   if (!p.empty()) return tl::unexpected(p.error());
   for (const auto& change : b.changes) spec = change(std::move(spec));
   if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error());
   return spec;
 }
 
-Expected<EvalPlan> SpecBuilder::eval() const {
-  const Impl& b = *impl_;
-  Problems p{b.doc->source, {}};
+/// The stage's eval table as a plan (the loss is the caller's to set).
+static EvalPlan parse_eval(const SpecBuilder::Impl& b, Problems& p) {
   Reader r{p, fmt::format("stage \"{}\": eval.", b.name())};
   std::optional<std::string> unused;
   auto keys = b.merged("eval", unused, p);
@@ -639,6 +770,8 @@ Expected<EvalPlan> SpecBuilder::eval() const {
   }
   if (const auto* n = at("interval")) plan.interval = r.time(n, "interval");
   if (auto v = r.integer(at("batch_size"), "batch_size", 1)) plan.spec.batch_size = *v;
+  if (auto v = r.integer(at("limit"), "limit", 1)) plan.spec.limit = *v;
+  if (auto v = r.string(at("weights"), "weights")) plan.spec.weights = *v;
   if (const auto* n = at("top_k")) {
     if (const auto* a = n->as_array()) {
       plan.spec.top_k.clear();
@@ -656,6 +789,12 @@ Expected<EvalPlan> SpecBuilder::eval() const {
                               near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(kEvalKeys, ", ")));
     }
   if (plan.interval && plan.interval->value <= 0) p.add(at("interval"), r.path + "interval: must be more than zero");
+  return plan;
+}
+
+Expected<EvalPlan> SpecBuilder::eval() const {
+  Problems p{impl_->doc->source, {}};
+  EvalPlan plan = parse_eval(*impl_, p);
   if (!p.empty()) return tl::unexpected(p.error());
   if (auto spec = build()) plan.spec.loss = spec->loss;
   return plan;
@@ -855,6 +994,7 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
       if (rc.checkpoint_every && rc.checkpoint_every->value <= 0) p.add(n, "run.checkpoint_every: must be more than zero");
     }
     if (auto v = r.integer(run->get("keep_checkpoints"), "keep_checkpoints", 1)) rc.keep_checkpoints = static_cast<int>(*v);
+    if (auto v = r.boolean(run->get("tensorboard"), "tensorboard")) rc.tensorboard = *v;
   } else {
     p.list.push_back(fmt::format("{}: [run] table missing (it needs at least max_duration)", source));
   }
@@ -954,7 +1094,7 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
   // The fingerprint leaves out what does not change training (where to write, how many threads),
   // and is the same for a file and its resolved form.
   if (auto* run = head["run"].as_table())
-    for (const char* k : {"run_dir", "threads", "checkpoint_every", "keep_checkpoints"}) run->erase(k);
+    for (const char* k : {"run_dir", "threads", "checkpoint_every", "keep_checkpoints", "tensorboard"}) run->erase(k);
   std::ostringstream fps;
   fps << head;
   impl->fingerprint = sha256_hex(fps.str());

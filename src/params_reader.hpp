@@ -80,6 +80,8 @@ class ParamReader {
   }
 
   void problem(std::string p) { problems_.push_back(std::move(p)); }
+  /// Marks `key` as known (read by the caller itself).
+  void seen(const std::string& key) { seen_.push_back(key); }
 
   /// Every key that was not read is an error with a suggestion; all problems in one message.
   Expected<void> finish() {

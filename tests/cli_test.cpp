@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <regex>
 #include <random>
 
@@ -349,5 +350,138 @@ TEST_CASE("SIGKILL at random moments, a corrupt newest checkpoint: resume still 
   REQUIRE(resumed.rc == 0);
   if (ckpts.size() > 1) CHECK_THAT(resumed.out, Catch::Contains("skipping checkpoint"));
   CHECK(sha_of(dir / "killed/final.baton") == expected);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("SIGKILL in the middle of a checkpoint write loses nothing", "[cli][resume]") {
+  const auto dir = temp_dir("sigkill-write");
+  std::ofstream(dir / "long.toml") << kLong;
+  const auto file = (dir / "long.toml").string();
+  const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
+  REQUIRE(whole.rc == 0);
+  const auto expected = sha_of(dir / "whole/final.baton");
+
+  // Each checkpoint write pauses 20 s after its first bytes (the test hook): kill it there.
+  ::setenv("BATON_TEST_CHECKPOINT_PAUSE_MS", "20000", 1);
+  auto child = spawn({"run", file, "--run-dir", (dir / "killed").string()});
+  ::unsetenv("BATON_TEST_CHECKPOINT_PAUSE_MS");
+  const fs::path ckpts = dir / "killed/checkpoints";
+  fs::path partial;
+  for (int i = 0; i < 600 && partial.empty(); ++i) {  // up to 60 s
+    ::usleep(100000);
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpts, ec))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos && fs::file_size(e.path(), ec) > 0) partial = e.path();
+  }
+  REQUIRE_FALSE(partial.empty());
+  ::kill(child.pid, SIGKILL);
+  std::string log;
+  CHECK(finish(child, log) == 128 + SIGKILL);
+  // The half-written file is only ever the temporary one: no checkpoint exists yet (the first
+  // write was the one killed), and the temporary file is not one.
+  std::vector<fs::path> real;
+  for (const auto& e : fs::directory_iterator(ckpts))
+    if (e.path().filename().string().rfind("ckpt-", 0) == 0) real.push_back(e.path());
+  CHECK(real.empty());
+  REQUIRE(fs::exists(partial));
+  CHECK(fs::file_size(partial) < fs::file_size(dir / "whole/final.baton"));
+
+  const auto resumed = run("run " + file + " --run-dir " + (dir / "killed").string());
+  INFO(resumed.out);
+  REQUIRE(resumed.rc == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("an unfinished checkpoint write"));
+  CHECK_FALSE(fs::exists(partial));
+  CHECK(sha_of(dir / "killed/final.baton") == expected);
+
+  // Killed in a later write, with earlier checkpoints on disk: resume from the last whole one.
+  ::setenv("BATON_TEST_CHECKPOINT_PAUSE_MS", "20000", 1);
+  auto again = spawn({"run", file, "--run-dir", (dir / "later").string()});
+  ::unsetenv("BATON_TEST_CHECKPOINT_PAUSE_MS");
+  std::string log2;
+  // The first write pauses too; wait for the second temporary file (a later checkpoint).
+  std::set<std::string> temps;
+  for (int i = 0; i < 1200 && temps.size() < 2; ++i) {
+    ::usleep(100000);
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir / "later/checkpoints", ec))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) temps.insert(e.path().filename().string());
+  }
+  REQUIRE(temps.size() == 2);
+  ::kill(again.pid, SIGKILL);
+  finish(again, log2);
+  const auto later = run("run " + file + " --run-dir " + (dir / "later").string());
+  INFO(later.out);
+  REQUIRE(later.rc == 0);
+  CHECK_THAT(later.out, Catch::Contains("resuming from"));
+  CHECK(sha_of(dir / "later/final.baton") == expected);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("baton run with algorithms, callbacks and TensorBoard from the TOML file", "[cli][algorithms]") {
+  const auto dir = temp_dir("algorithms");
+  std::ofstream(dir / "a.toml") << R"(
+[run]
+name = "algos"
+seed = 3
+max_duration = "6ep"
+tensorboard = true
+[model]
+name = "mlp"
+widths = [8, 32, 4]
+[datasets.train]
+kind = "synthetic"
+samples = 400
+[datasets.test]
+kind = "synthetic"
+samples = 200
+sample_seed = 99
+[defaults]
+batch_size = 20
+optimizer = { name = "sgd", lr = 0.0 }
+eval = { sets = ["test"], interval = "5ba" }
+[[stages]]
+name = "mixed"
+duration = "2ep"
+optimizer = { lr = 0.05, momentum = 0.9 }
+algorithms = { mixup = { alpha = 0.3 }, label_smoothing = { smoothing = 0.1 }, ema = { decay = 0.9 } }
+[[stages]]
+name = "still"
+duration = "4ep"
+optimizer = { lr = 0.0 }
+algorithms = {}
+callbacks = { early_stopping = { metric = "test/loss", patience = 2 } }
+eval = { weights = "ema" }
+)";
+  const auto file = (dir / "a.toml").string();
+  const auto r = run("run " + file + " --run-dir " + (dir / "run").string());
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  // Stage 2 has lr 0 and no EMA (algorithms = {} switches the inherited ones off): the EMA
+  // weights it evaluates stay put, so the loss cannot improve, so early stopping ends it after 2 more evaluations.
+  CHECK_THAT(r.out, Catch::Contains("[still] stage ended early: early_stopping: test/loss did not improve"));
+  std::size_t tb_files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "run/tensorboard"))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0 && fs::file_size(e.path()) > 100) ++tb_files;
+  CHECK(tb_files == 1);
+  // Stage 2 ended at batch 40 + 3 * 5 = 55 (evaluations at 45 best, 50, 55), and that is where
+  // the final state is.
+  const auto info = run("inspect " + (dir / "run/final.baton").string());
+  REQUIRE(info.rc == 0);
+  CHECK(nlohmann::json::parse(info.out).at("timestamp").at("batch") == 55);
+  // The early stop right after the evaluation at 55 does not evaluate the same weights again.
+  std::vector<std::int64_t> stage2_evals;
+  std::ifstream jsonl(dir / "run/metrics.jsonl");
+  for (std::string line; std::getline(jsonl, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "eval" && j.value("stage", "") == "still") stage2_evals.push_back(j.at("batch"));
+  }
+  CHECK(stage2_evals == std::vector<std::int64_t>{45, 50, 55});
+  // Running again trains nothing: stage 2's end checkpoint says it is done.
+  const auto before = sha_of(dir / "run/final.baton");
+  const auto again = run("run " + file + " --run-dir " + (dir / "run").string());
+  INFO(again.out);
+  CHECK(again.rc == 0);
+  CHECK_THAT(again.out, !Catch::Contains("[mixed] epoch") && !Catch::Contains("[still] epoch"));
+  CHECK(sha_of(dir / "run/final.baton") == before);
   fs::remove_all(dir);
 }

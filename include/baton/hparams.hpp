@@ -72,6 +72,7 @@ struct RunConfig {
   int threads = 0;  ///< intra-op threads for configure_runtime (0: all cores)
   std::optional<Time> checkpoint_every;  ///< also checkpoint every this much training (in a stage)
   int keep_checkpoints = 3;              ///< interval checkpoints kept (stage ends are always kept)
+  bool tensorboard = false;              ///< also write TensorBoard event files to run_dir/tensorboard
 };
 
 /// When and on what a stage evaluates (`eval` in a stage).

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "baton/callbacks.hpp"
 #include "baton/checkpoint.hpp"
 #include "baton/cli.hpp"
 #include "baton/fit.hpp"
@@ -134,6 +135,46 @@ class Progress {
   double next_line_ = 0.1;
 };
 
+/// The fit's logger in the CLI: evaluation metrics (interval and stage end, run by the fit per
+/// the spec's evaluation) into metrics.jsonl/csv and the terminal; other scalars to the
+/// optional extra loggers (TensorBoard). Remembers the last metrics for the summary table.
+class CliLogger final : public Logger {
+ public:
+  CliLogger(MetricsLog& log, Progress& progress, std::vector<std::shared_ptr<Logger>> extra)
+      : log_(log), progress_(progress), extra_(std::move(extra)) {}
+  void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
+    Metrics m;
+    for (const auto& [key, v] : scalars) {
+      // "eval/<set>/<metric>"
+      if (key.rfind("eval/", 0) != 0) continue;
+      const auto slash = key.find('/', 5);
+      if (slash == std::string::npos) continue;
+      m[key.substr(5, slash - 5)][key.substr(slash + 1)] = v;
+    }
+    for (const auto& [set, values] : m) log_.write("eval", stage, t, set, values);
+    if (!m.empty()) {
+      last = m;
+      progress_.line(fmt::format("[{}] epoch {} batch {}: {}", stage, t.epoch, t.batch, metrics_text(m)));
+    }
+    for (const auto& l : extra_) l->log(stage, t, scalars);
+  }
+  void flush() override {
+    for (const auto& l : extra_) l->flush();
+  }
+  Metrics last;
+
+ private:
+  static std::string metrics_text(const Metrics& m) {
+    std::vector<std::string> parts;
+    for (const auto& [set, values] : m)
+      for (const auto& [k, v] : values) parts.push_back(fmt::format("{}/{}={:.4f}", set, k, v));
+    return fmt::format("{}", fmt::join(parts, " "));
+  }
+  MetricsLog& log_;
+  Progress& progress_;
+  std::vector<std::shared_ptr<Logger>> extra_;
+};
+
 struct StageSummary {
   std::string name;
   Timestamp start, end;
@@ -223,15 +264,6 @@ Expected<std::optional<Resume>> find_resume(const fs::path& dir, const Curriculu
   return std::optional<Resume>{};
 }
 
-/// Keeps the newest `keep` interval checkpoints; stage-end ones are all kept.
-void prune_checkpoints(const fs::path& dir, int keep) {
-  int kept = 0;
-  for (const auto& path : list_checkpoints(dir)) {
-    if (path.stem().string().find("-end") != std::string::npos) continue;
-    if (++kept > keep) fs::remove(path);
-  }
-}
-
 int run(const RunArgs& a, const Registry& registry) {
   auto cur = load_curriculum(a.file, a.sets, registry);
   if (!cur) return report(cur.error());
@@ -259,23 +291,28 @@ int run(const RunArgs& a, const Registry& registry) {
   if (!resume) return report(resume.error());
   write_text(dir / "config.toml", cur->resolved_toml());
   fs::create_directories(ckpt_dir, ec);
+  // Temporary files of checkpoint writes that a killed run left behind (`.<name>.tmp-<pid>`):
+  // never valid checkpoints, removed so they do not pile up.
+  for (const auto& e : fs::directory_iterator(ckpt_dir, ec))
+    if (const auto f = e.path().filename().string(); f.rfind(".ckpt-", 0) == 0 && f.find(".tmp-") != std::string::npos) {
+      fmt::print(stderr, "baton: removing {} (an unfinished checkpoint write of an earlier run)\n", e.path().string());
+      fs::remove(e.path(), ec);
+    }
   Expected<TrainState> state = *resume ? Expected<TrainState>(std::move((*resume)->state)) : cur->init();
   if (!state) return report(state.error());
   if (*resume)
     fmt::print("resuming from {}: stage {}, epoch {}, batch {}\n", (*resume)->from.string(), state->stage,
                state->time.epoch, state->time.batch);
-  auto checkpoint = [&](std::size_t index, bool stage_done) -> Expected<void> {
-    const auto name = fmt::format("ckpt-{:010}{}.baton", state->time.batch, stage_done ? "-end" : "");
-    auto ok = save_checkpoint(*state, ckpt_dir / name,
-                              {.run_name = cur->run().name, .config_fingerprint = cur->fingerprint(),
-                               .stage_index = static_cast<std::int64_t>(index),
-                               .extra = {{"stage_done", stage_done ? "1" : "0"}}});
-    if (ok && !stage_done) prune_checkpoints(ckpt_dir, cur->run().keep_checkpoints);
-    return ok;
-  };
   const auto stop = std::shared_ptr<const std::atomic<bool>>(std::shared_ptr<void>(), &g_stop);
   MetricsLog log(dir);
   Progress progress;
+  std::vector<std::shared_ptr<Logger>> extra_loggers;
+  if (cur->run().tensorboard) {
+    auto tb = loggers::tensorboard(dir / "tensorboard");
+    if (!tb) return report(tb.error());
+    extra_loggers.push_back(*tb);
+  }
+  auto cli_logger = std::make_shared<CliLogger>(log, progress, extra_loggers);
   std::vector<StageSummary> summary;
   const auto run_started = Clock::now();
 
@@ -284,40 +321,37 @@ int run(const RunArgs& a, const Registry& registry) {
     if (*resume && (static_cast<std::int64_t>(index) < (*resume)->stage_index ||
                     (static_cast<std::int64_t>(index) == (*resume)->stage_index && (*resume)->stage_done)))
       continue;  // trained before the checkpoint
+    // The stage as the file says, plus what the command line owns: the stop flag, the stage's
+    // duration counted from its start (so a resumed stage ends where the file says), checkpoints
+    // and the loggers. Evaluation (interval and stage end) is the spec's, run by fit.
     auto spec = builder.build().map([&](TrainingSpec s) {
       s.stop = stop;
+      s.duration_anchor = Anchor::stage;
+      s.checkpoints = CheckpointPolicy{.dir = ckpt_dir,
+                                       .every = cur->run().checkpoint_every,
+                                       .at_stage_end = true,
+                                       .on_interrupt = true,
+                                       .keep = cur->run().keep_checkpoints,
+                                       .meta = {.run_name = cur->run().name,
+                                                .config_fingerprint = cur->fingerprint(),
+                                                .stage_index = static_cast<std::int64_t>(index)}};
+      s.loggers.push_back(cli_logger);
       return s;
     });
-    auto plan = builder.eval();
     if (!spec) return report(spec.error());
-    if (!plan) return report(plan.error());
     auto target = stage_end(*spec, *state);
     if (!target) return report(target.error());
     StageSummary row{spec->name, state->time, state->time, 0, {}, 0};
+    cli_logger->last.clear();
     const auto stage_started = Clock::now();
     const std::int64_t first_batch = state->time.batch, total = target->batch - first_batch;
-    // Evaluation and checkpoint points, anchored at the stage's start: k * interval, k = 1, 2, ...
-    // (so a resumed stage evaluates and checkpoints where the uninterrupted one did).
-    auto next_point = [&](const std::optional<Time>& interval, const TrainState& s) -> std::int64_t {
-      if (!interval) return target->batch;
-      for (int k = 1;; ++k) {
-        Time t = *interval;
-        t.value *= k;
-        if (t.unit == TimeUnit::duration && t.value > 1) return target->batch;
-        auto at = stage_end(spec->with_duration(t), s);
-        if (!at || at->batch >= target->batch) return target->batch;
-        if (at->batch > s.time.batch) return at->batch;
-      }
-    };
-    std::int64_t eval_at = next_point(plan->interval, *state);
-    std::int64_t checkpoint_at = next_point(cur->run().checkpoint_every, *state);
     // Training goes in chunks (fit is split-invariant: the bits are those of one fit), which
-    // gives the progress bar and interval evaluation their moments.
+    // gives the progress bar and the train log their moments.
     const std::int64_t chunk = std::clamp<std::int64_t>(total / 100, 1, 50);
     double loss = 0;
-    while (state->time.batch < target->batch) {
-      const std::int64_t step = std::min({chunk, target->batch - state->time.batch, eval_at - state->time.batch,
-                                          checkpoint_at - state->time.batch});
+    bool stopped = false;
+    while (state->time.batch < target->batch && !stopped) {
+      const std::int64_t step = std::min(chunk, target->batch - state->time.batch);
       const auto t0 = Clock::now();
       const auto sample0 = state->time.sample;
       auto next = fit(*spec, std::move(*state), step);  // the spec (and its stage clock) unchanged
@@ -328,13 +362,13 @@ int run(const RunArgs& a, const Registry& registry) {
       state = std::move(next);
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
       const double sps = static_cast<double>(state->time.sample - sample0) / std::max(secs, 1e-9);
-      loss = state->history.back().last_loss;
+      const auto& rec = state->history.back();
+      loss = rec.last_loss;
       const std::int64_t done = state->time.batch - first_batch;
       const double elapsed = std::chrono::duration<double>(Clock::now() - stage_started).count();
       const double eta = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
-      if (state->history.back().interrupted || g_stop) {
+      if (rec.interrupted || g_stop) {
         progress.line("");
-        if (auto ok = checkpoint(index, false); !ok) return report(ok.error());
         fmt::print(stderr, "baton: interrupted at epoch {}, batch {} (stage \"{}\"); checkpoint written to {}.\n"
                            "Resume with: baton run {}{}\n",
                    state->time.epoch, state->time.batch, spec->name, ckpt_dir.string(), a.file,
@@ -342,32 +376,22 @@ int run(const RunArgs& a, const Registry& registry) {
         return exit_interrupted;
       }
       progress.update(spec->name, state->time, done, total, sps, loss, eta);
-      if (state->time.batch >= checkpoint_at && state->time.batch < target->batch) {
-        if (auto ok = checkpoint(index, false); !ok) return report(ok.error());
-        checkpoint_at = next_point(cur->run().checkpoint_every, *state);
-      }
-      log.write("train", spec->name, state->time, "", {{"loss", loss}, {"lr", state->history.back().last_lr}, {"samples_per_s", sps}});
-      if (state->time.batch >= eval_at && state->time.batch < target->batch) {
-        auto m = eval(plan->spec, *state);
-        if (!m) return report(m.error());
-        for (const auto& [set, values] : *m) log.write("eval", spec->name, state->time, set, values);
-        progress.line(fmt::format("[{}] epoch {} batch {}: {}", spec->name, state->time.epoch, state->time.batch, metrics_text(*m)));
-        eval_at = next_point(plan->interval, *state);
+      const std::map<std::string, double> train{{"loss", loss}, {"lr", rec.last_lr}, {"samples_per_s", sps}};
+      log.write("train", spec->name, state->time, "", train);
+      for (const auto& l : extra_loggers)
+        l->log(spec->name, state->time, {{"train/loss", loss}, {"train/lr", rec.last_lr}, {"train/samples_per_s", sps}});
+      if (!rec.stop_reason.empty()) {
+        progress.line(fmt::format("[{}] stage ended early: {}", spec->name, rec.stop_reason));
+        stopped = true;
       }
     }
     progress.finish_stage();
-    if (!plan->spec.sets.empty()) {
-      auto m = eval(plan->spec, *state);
-      if (!m) return report(m.error());
-      for (const auto& [set, values] : *m) log.write("eval", spec->name, state->time, set, values);
-      row.metrics = *m;
-    }
+    row.metrics = cli_logger->last;
     row.end = state->time;
     row.loss = loss;
     row.seconds = std::chrono::duration<double>(Clock::now() - stage_started).count();
     fmt::print("stage {} done: epoch {}, batch {}, loss {:.4f} {} ({})\n", row.name, row.end.epoch, row.end.batch,
                row.loss, metrics_text(row.metrics), duration_text(row.seconds));
-    if (auto ok = checkpoint(index, true); !ok) return report(ok.error());
     summary.push_back(std::move(row));
   }
   if (auto ok = save_checkpoint(*state, dir / "final.baton",
