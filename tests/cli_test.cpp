@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -414,6 +415,56 @@ TEST_CASE("SIGKILL in the middle of a checkpoint write loses nothing", "[cli][re
   REQUIRE(later.rc == 0);
   CHECK_THAT(later.out, Catch::Contains("resuming from"));
   CHECK(sha_of(dir / "later/final.baton") == expected);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a second Ctrl-C exits at once in the middle of the interrupt checkpoint and loses nothing", "[cli][resume]") {
+  const auto dir = temp_dir("double-ctrl-c");
+  std::ofstream(dir / "long.toml") << kLong;
+  const auto file = (dir / "long.toml").string();
+  const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
+  REQUIRE(whole.rc == 0);
+  const auto expected = sha_of(dir / "whole/final.baton");
+
+  const fs::path ckpts = dir / "run/checkpoints";
+  auto temp_file = [&]() -> fs::path {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpts, ec))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) return e.path();
+    return {};
+  };
+  // Every checkpoint write pauses 20 s after its first bytes (the test hook).
+  ::setenv("BATON_TEST_CHECKPOINT_PAUSE_MS", "20000", 1);
+  auto child = spawn({"run", file, "--run-dir", (dir / "run").string()});
+  ::unsetenv("BATON_TEST_CHECKPOINT_PAUSE_MS");
+  // The first Ctrl-C lands in the pause of the first interval checkpoint (batch 40): that write
+  // completes, the loop stops before the next batch and starts the interrupt checkpoint.
+  bool in_write = false;
+  for (int i = 0; i < 600 && !in_write; ++i) ::usleep(100000), in_write = !temp_file().empty();
+  REQUIRE(in_write);
+  ::kill(child.pid, SIGINT);
+  bool second_write = false;
+  for (int i = 0; i < 600 && !second_write; ++i) {
+    ::usleep(100000);
+    std::error_code ec;
+    second_write = fs::exists(ckpts / "ckpt-0000000040.baton", ec) && !temp_file().empty();
+  }
+  REQUIRE(second_write);
+  // The second Ctrl-C: out at once (128 + SIGINT), long before the 20 s pause is over.
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(child.pid, SIGINT);
+  std::string log;
+  CHECK(finish(child, log) == 128 + SIGINT);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  INFO(log);
+  // What is on disk is whole: every checkpoint loads; the cut write is only a temporary file.
+  for (const auto& e : fs::directory_iterator(ckpts))
+    if (e.path().filename().string().rfind("ckpt-", 0) == 0) CHECK(run("inspect " + e.path().string()).rc == 0);
+  const auto resumed = run("run " + file + " --run-dir " + (dir / "run").string());
+  INFO(resumed.out);
+  REQUIRE(resumed.rc == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("resuming from"));
+  CHECK(sha_of(dir / "run/final.baton") == expected);
   fs::remove_all(dir);
 }
 

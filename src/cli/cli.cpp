@@ -472,7 +472,7 @@ int inspect(const std::string& path) {
 int main(int argc, char** argv, const Registry& registry) {
   CLI::App app{"baton: train LibTorch models through pure functions, from TOML curricula"};
   app.require_subcommand(1);
-  app.footer("Exit codes: 0 success, 1 training failed, 2 invalid input, 3 interrupted.");
+  app.footer("Exit codes: 0 success, 1 training failed, 2 invalid input, 3 interrupted; a second Ctrl-C/SIGTERM: 130/143.");
 
   RunArgs run_args;
   auto* run_cmd = app.add_subcommand("run", "Train every stage of a curriculum, evaluate, write the run directory");
