@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "baton/eval.hpp"
+#include "baton/fit.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
 
@@ -240,15 +242,15 @@ class CsvLogger final : public Logger {
 
 class ConsoleLogger final : public Logger {
  public:
-  explicit ConsoleLogger(std::FILE* out) : out_(out) {}
+  explicit ConsoleLogger(std::shared_ptr<Progress> progress) : progress_(std::move(progress)) {}
   void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
     std::string line = fmt::format("[{}] epoch {} batch {}:", stage, t.epoch, t.batch);
     for (const auto& [k, v] : scalars) line += fmt::format(" {}={:.6g}", k, v);
-    fmt::print(out_, "{}\n", line);
+    progress_->line(line);
   }
-  void flush() override { std::fflush(out_); }
+  void flush() override {}
  private:
-  std::FILE* out_;
+  std::shared_ptr<Progress> progress_;
 };
 
 // ---- TensorBoard's record format
@@ -345,7 +347,81 @@ Expected<std::shared_ptr<Logger>> tensorboard(const fs::path& dir) {
   return l;
 }
 
-std::shared_ptr<Logger> console(std::FILE* out) { return std::make_shared<ConsoleLogger>(out); }
+std::shared_ptr<Logger> console(std::FILE* out) { return console(std::make_shared<Progress>(out)); }
+std::shared_ptr<Logger> console(std::shared_ptr<Progress> progress) { return std::make_shared<ConsoleLogger>(std::move(progress)); }
 
 }  // namespace loggers
+}  // namespace baton
+
+// ------------------------------------------------------------------ progress display
+namespace baton {
+
+std::string duration_text(double seconds) {
+  const auto s = static_cast<long>(std::max(0.0, seconds) + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60) : fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+Progress::Progress(std::FILE* out) : Progress(out, ::isatty(::fileno(out)) == 1) {}
+Progress::Progress(std::FILE* out, bool bar) : out_(out), bar_(bar) {}
+
+void Progress::update(const std::string& stage, const Timestamp& t, std::int64_t done, std::int64_t total,
+                      double samples_per_s, double loss, double eta_s) {
+  const double frac = total > 0 ? std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0) : 1.0;
+  if (bar_) {
+    constexpr int width = 24;
+    const int fill = static_cast<int>(frac * width);
+    fmt::print(out_, "\r\033[K[{}] epoch {} [{}{}] {:3.0f}% {:6.0f} sp/s loss {:.4f} ETA {}", stage, t.epoch,
+               std::string(static_cast<std::size_t>(fill), '#'), std::string(static_cast<std::size_t>(width - fill), '.'),
+               frac * 100, samples_per_s, loss, duration_text(eta_s));
+    std::fflush(out_);
+  } else if (const int tenth = static_cast<int>(std::floor(frac * 10 + 1e-9)); tenth >= next_tenth_ || done == total) {
+    fmt::print(out_, "[{}] epoch {} batch {} ({:.0f}%): {:.0f} samples/s, loss {:.4f}, ETA {}\n", stage, t.epoch, t.batch,
+               frac * 100, samples_per_s, loss, duration_text(eta_s));
+    std::fflush(out_);
+    next_tenth_ = tenth + 1;  // integer tenths: 0.1 + 0.1 + 0.1 > 0.3 would skip the 30% line
+  }
+}
+
+void Progress::line(const std::string& text) {
+  if (bar_) fmt::print(out_, "\r\033[K");
+  fmt::print(out_, "{}\n", text);
+  std::fflush(out_);
+}
+
+void Progress::finish_stage() {
+  if (bar_) fmt::print(out_, "\n");
+  next_tenth_ = 1;
+}
+
+namespace callbacks {
+Callback progress(std::shared_ptr<Progress> display) {
+  struct Run {
+    std::int64_t first = 0, target = 0;
+    std::chrono::steady_clock::time_point started, last;
+  };
+  auto run = std::make_shared<Run>();
+  return {"progress", [display, run](const EventView& v) -> std::optional<std::string> {
+            using Clock = std::chrono::steady_clock;
+            if (v.event == Event::fit_start) {
+              run->first = v.state.time.batch;
+              const auto end = stage_end(v.spec, v.state);
+              run->target = end ? end->batch : v.state.time.batch;
+              run->started = run->last = Clock::now();
+            } else if (v.event == Event::batch_end && v.step) {
+              const auto now = Clock::now();
+              const double secs = std::chrono::duration<double>(now - run->last).count();
+              const double elapsed = std::chrono::duration<double>(now - run->started).count();
+              run->last = now;
+              const std::int64_t done = v.state.time.batch - run->first, total = run->target - run->first;
+              const double eta = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
+              display->update(v.spec.name, v.state.time, done, total,
+                              static_cast<double>(v.step->samples) / std::max(secs, 1e-9), v.step->loss, eta);
+            } else if (v.event == Event::fit_end) {
+              display->finish_stage();
+            }
+            return std::nullopt;
+          }};
+}
+}  // namespace callbacks
+
 }  // namespace baton

@@ -1,8 +1,11 @@
 // Event points, algorithms, callbacks, loggers, in-fit evaluation and checkpoints.
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "helpers.hpp"
@@ -634,6 +637,48 @@ TEST_CASE("JSONL and CSV loggers, and monitors through fit", "[loggers][callback
     REQUIRE(s.time.batch == 2);
     REQUIRE_THAT(s.history.back().stop_reason, Catch::Contains("NaN or infinity after batch 2"));
   }
+}
+
+namespace {
+std::string read_all(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("the progress display and the console logger share one output", "[loggers][callbacks]") {
+  const auto data = test::blobs(320);  // 10 batches an epoch
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  SECTION("plain lines at every 10% of the stage, eval lines in between") {
+    auto display = std::make_shared<baton::Progress>(f, /*bar=*/false);
+    const auto spec = test::spec(data, baton::Time::batches(10))
+                          .with_callbacks({cb::progress(display)})
+                          .with_loggers({baton::loggers::console(display)})
+                          .with_evaluation(baton::EvalSchedule{.spec = {.sets = {{"val", data}}}, .every = baton::Time::batches(5)});
+    test::ok(baton::fit(spec, test::new_state()));
+    const auto text = read_all(f);
+    INFO(text);
+    for (int pct = 10; pct <= 100; pct += 10)
+      CHECK_THAT(text, Catch::Contains(fmt::format("[test] epoch 0 batch {} ({}%):", pct / 10, pct)));
+    CHECK_THAT(text, Catch::Contains("[test] epoch 0 batch 5: eval/val/accuracy="));
+    CHECK(std::count(text.begin(), text.end(), '\n') == 10 + 2);  // 10 progress lines, 2 evaluations
+    CHECK(text.find('\r') == std::string::npos);
+  }
+  SECTION("a bar redrawn in place, cleared before a line") {
+    auto display = std::make_shared<baton::Progress>(f, /*bar=*/true);
+    display->update("s", {}, 5, 10, 100, 0.5, 61);
+    display->line("hello");
+    display->finish_stage();
+    const auto text = read_all(f);
+    CHECK(text == "\r\033[K[s] epoch 0 [############............]  50%    100 sp/s loss 0.5000 ETA 1:01\r\033[Khello\n\n");
+  }
+  std::fclose(f);
+  CHECK(baton::duration_text(3725) == "1:02:05");
 }
 
 TEST_CASE("algorithms and callbacks from TOML, with a defined order", "[hparams][algorithms]") {

@@ -64,6 +64,10 @@ Callback threshold_stop(ThresholdOptions o);
 
 }  // namespace baton::callbacks
 
+namespace baton {
+class Progress;
+}  // namespace baton
+
 namespace baton::loggers {
 
 /// One JSON object per log call: {"stage", "epoch", "batch", "sample", "scalars": {...}}
@@ -75,10 +79,46 @@ Expected<std::shared_ptr<Logger>> csv(const std::filesystem::path& path);
 /// the run's batch counter as step. Each record: length, masked CRC-32C of the length, an Event
 /// protocol buffer (wall_time, step, summary{value{tag, simple_value}}), masked CRC-32C of it.
 Expected<std::shared_ptr<Logger>> tensorboard(const std::filesystem::path& dir);
-/// One line per log call on `out` (stdout by default): "[stage] epoch 1 batch 469: key=value ...".
+/// One line per log call on `out` (stdout by default): "[stage] epoch 1 batch 469: key=value ...",
+/// through `progress` when given (so a progress bar on the same terminal is cleared first).
 std::shared_ptr<Logger> console(std::FILE* out = stdout);
+std::shared_ptr<Logger> console(std::shared_ptr<Progress> progress);
 
 }  // namespace baton::loggers
+
+namespace baton {
+
+/// "m:ss" below an hour, "h:mm:ss" above.
+std::string duration_text(double seconds);
+
+/// The terminal progress display of `baton run`, for any program: on a terminal a bar redrawn in
+/// place ("[stage] epoch 2 [#####.....]  41%  8123 sp/s loss 0.4312 ETA 0:21"); elsewhere (a pipe,
+/// a log file) a plain line at every ~10% of the stage. Not thread-safe; one per output.
+class Progress {
+ public:
+  explicit Progress(std::FILE* out = stdout);  ///< a bar when `out` is a terminal
+  Progress(std::FILE* out, bool bar);
+  /// `done` of `total` batches of the stage `stage` are trained, at time `t`.
+  void update(const std::string& stage, const Timestamp& t, std::int64_t done, std::int64_t total,
+              double samples_per_s, double loss, double eta_s);
+  /// A whole line of text (the bar, if drawn, is cleared first and redrawn by the next update).
+  void line(const std::string& text);
+  /// Ends the stage's bar (a newline on a terminal) and restarts the 10% marks.
+  void finish_stage();
+
+ private:
+  std::FILE* out_;
+  bool bar_;
+  int next_tenth_ = 1;
+};
+
+namespace callbacks {
+/// Drives `progress` from the fit's events: the stage's share done (against the stage's end,
+/// `stage_end(spec, state)` at fit start), samples/s and the loss of each batch.
+Callback progress(std::shared_ptr<Progress> progress);
+}  // namespace callbacks
+
+}  // namespace baton
 
 namespace baton {
 /// CRC-32C (Castagnoli), as TensorBoard's record format uses; exposed for tests and tools.

@@ -58,11 +58,6 @@ int report(const Error& e) {
   return exit_code_for(e);
 }
 
-std::string duration_text(double seconds) {
-  const auto s = static_cast<long>(seconds + 0.5);
-  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60) : fmt::format("{}:{:02}", s / 60, s % 60);
-}
-
 /// Writes a small text file atomically (temp + rename), so a crash never leaves half of it.
 void write_text(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
@@ -98,41 +93,6 @@ class MetricsLog {
   std::ofstream jsonl_;
   fs::path csv_path_;
   std::ofstream csv_;
-};
-
-/// A progress bar on a terminal; plain lines every ~10% otherwise.
-class Progress {
- public:
-  Progress() : tty_(::isatty(STDOUT_FILENO) == 1) {}
-  void update(const std::string& stage, const Timestamp& t, std::int64_t done, std::int64_t total, double samples_per_s,
-              double loss, double eta_s) {
-    const double frac = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
-    if (tty_) {
-      constexpr int width = 24;
-      const int fill = static_cast<int>(frac * width);
-      fmt::print("\r\033[K[{}] epoch {} [{}{}] {:3.0f}% {:6.0f} sp/s loss {:.4f} ETA {}", stage, t.epoch,
-                 std::string(static_cast<std::size_t>(fill), '#'), std::string(static_cast<std::size_t>(width - fill), '.'),
-                 frac * 100, samples_per_s, loss, duration_text(eta_s));
-      std::fflush(stdout);
-    } else if (frac >= next_line_ || done == total) {
-      fmt::print("[{}] epoch {} batch {} ({:.0f}%): {:.0f} samples/s, loss {:.4f}, ETA {}\n", stage, t.epoch, t.batch,
-                 frac * 100, samples_per_s, loss, duration_text(eta_s));
-      std::fflush(stdout);
-      while (next_line_ <= frac) next_line_ += 0.1;
-    }
-  }
-  void finish_stage() {
-    if (tty_) fmt::print("\n");
-    next_line_ = 0.1;
-  }
-  void line(const std::string& text) {
-    if (tty_) fmt::print("\r\033[K");
-    fmt::print("{}\n", text);
-    std::fflush(stdout);
-  }
- private:
-  bool tty_;
-  double next_line_ = 0.1;
 };
 
 /// The fit's logger in the CLI: evaluation metrics (interval and stage end, run by the fit per
