@@ -279,7 +279,7 @@ TEST_CASE("baton report: missing, empty and malformed run directories are clear 
   fs::remove_all(dir);
 }
 
-TEST_CASE("baton report of a resumed run: re-logged batches replace the earlier lines; a cut-off last line is skipped",
+TEST_CASE("baton report of a resumed run: re-logged batches replace the earlier lines, a cut-off last line is skipped",
           "[report]") {
   const auto dir = temp_dir("resumed");
   fs::create_directories(dir / "run");
