@@ -10,6 +10,8 @@ BUILD_DIR="${BATON_BUILD_DIR:-$ROOT/build}"
 PACKAGES=(g++ cmake ninja-build ccache git
           libtorch-dev libopenblas0 libexpected-dev librange-v3-dev libtomlplusplus-dev
           libfmt-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev catch2 dataset-fashion-mnist)
+# The report's browser test (tests/report_test.cpp, tag [browser]) opens reports in headless Chromium.
+PACKAGES+=(chromium)
 
 ensure_packages() {
   local missing=()

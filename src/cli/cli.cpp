@@ -20,6 +20,7 @@
 #include "baton/cli.hpp"
 #include "baton/fit.hpp"
 #include "baton/runtime.hpp"
+#include "report.hpp"
 
 namespace baton::cli {
 namespace {
@@ -89,6 +90,11 @@ class MetricsLog {
     jsonl_.flush();
     csv_.flush();
   }
+  /// A line of another kind (stage_start, stage_end) into metrics.jsonl only: the CSV holds metrics.
+  void event(const json& j) {
+    jsonl_ << j.dump() << '\n';
+    jsonl_.flush();
+  }
  private:
   std::ofstream jsonl_;
   fs::path csv_path_;
@@ -141,6 +147,7 @@ struct StageSummary {
   double loss = 0;
   Metrics metrics;
   double seconds = 0;
+  std::vector<double> losses;  // at each log point, for the summary's sparkline
 };
 
 std::string metrics_text(const Metrics& m) {
@@ -241,7 +248,7 @@ int run(const RunArgs& a, const Registry& registry) {
 
   const fs::path ckpt_dir = dir / "checkpoints";
   if (a.fresh) {
-    for (const char* f : {"checkpoints", "metrics.jsonl", "metrics.csv", "final.baton"}) fs::remove_all(dir / f, ec);
+    for (const char* f : {"checkpoints", "metrics.jsonl", "metrics.csv", "final.baton", "report.html"}) fs::remove_all(dir / f, ec);
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.path().filename().string().rfind("stage-", 0) == 0) fs::remove(e.path(), ec);
   }
@@ -301,7 +308,19 @@ int run(const RunArgs& a, const Registry& registry) {
     if (!spec) return report(spec.error());
     auto target = stage_end(*spec, *state);
     if (!target) return report(target.error());
-    StageSummary row{spec->name, state->time, state->time, 0, {}, 0};
+    StageSummary row{spec->name, state->time, state->time, 0, {}, 0, {}};
+    // Where the stage begins and what it carries over, for `baton report` (metrics.jsonl).
+    log.event({{"event", "stage_start"}, {"stage", spec->name}, {"epoch", state->time.epoch},
+               {"batch", state->time.batch}, {"sample", state->time.sample}, {"index", index},
+               {"resumed", state->stage == spec->name}, {"duration", spec->duration.to_string()},
+               {"target_batch", target->batch}, {"batch_size", spec->data.batch_size},
+               {"optimizer", std::string(spec->optimizer.kind())}, {"lr", spec->optimizer.lr()},
+               {"optimizer_carry", spec->optimizer_carry == Carry::keep ? "keep" : "fresh"},
+               {"clock", spec->schedule_clock == baton::Clock::run ? "run" : "stage"},
+               {"weights", spec->model.kind == ModelCarry::Kind::keep           ? "keep"
+                           : spec->model.kind == ModelCarry::Kind::reinitialize ? "reinitialize"
+                                                                                : "transfer"},
+               {"freeze", spec->freeze}});
     cli_logger->last.clear();
     const auto stage_started = Clock::now();
     const std::int64_t first_batch = state->time.batch, total = target->batch - first_batch;
@@ -324,6 +343,7 @@ int run(const RunArgs& a, const Registry& registry) {
       const double sps = static_cast<double>(state->time.sample - sample0) / std::max(secs, 1e-9);
       const auto& rec = state->history.back();
       loss = rec.last_loss;
+      row.losses.push_back(loss);
       const std::int64_t done = state->time.batch - first_batch;
       const double elapsed = std::chrono::duration<double>(Clock::now() - stage_started).count();
       const double eta = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
@@ -350,6 +370,11 @@ int run(const RunArgs& a, const Registry& registry) {
     row.end = state->time;
     row.loss = loss;
     row.seconds = std::chrono::duration<double>(Clock::now() - stage_started).count();
+    json end_event = {{"event", "stage_end"}, {"stage", row.name}, {"epoch", row.end.epoch}, {"batch", row.end.batch},
+                      {"sample", row.end.sample}, {"seconds", row.seconds}, {"loss", row.loss}};
+    if (!state->history.empty() && !state->history.back().stop_reason.empty())
+      end_event["stop_reason"] = state->history.back().stop_reason;
+    log.event(end_event);
     fmt::print("stage {} done: epoch {}, batch {}, loss {:.4f} {} ({})\n", row.name, row.end.epoch, row.end.batch,
                row.loss, metrics_text(row.metrics), duration_text(row.seconds));
     summary.push_back(std::move(row));
@@ -361,17 +386,29 @@ int run(const RunArgs& a, const Registry& registry) {
     return report(ok.error());
 
   // Summary table.
-  fmt::print("\n{:<14} {:>10} {:>8} {:>10} {:>9}  {}\n", "stage", "epochs", "batches", "loss", "time", "eval");
-  for (const auto& r : summary)
-    fmt::print("{:<14} {:>4} -> {:<3} {:>8} {:>10.4f} {:>9}  {}\n", r.name, r.start.epoch, r.end.epoch,
-               r.end.batch - r.start.batch, r.loss, duration_text(r.seconds), metrics_text(r.metrics));
+  fmt::print("\n{:<14} {:>10} {:>8} {:>10} {:<16} {:>9}  {}\n", "stage", "epochs", "batches", "loss", " loss curve",
+             "time", "eval");
+  for (const auto& r : summary) {
+    // The sparkline's width in bytes is 3 per bar: pad by hand so the columns line up.
+    const auto spark = report::sparkline(r.losses, 16);
+    const auto bars = spark.size() / 3;
+    fmt::print("{:<14} {:>4} -> {:<3} {:>8} {:>10.4f}  {}{} {:>9}  {}\n", r.name, r.start.epoch, r.end.epoch,
+               r.end.batch - r.start.batch, r.loss, spark, std::string(bars < 15 ? 15 - bars : 0, ' '),
+               duration_text(r.seconds), metrics_text(r.metrics));
+  }
   fmt::print("total time {}; final state {} (params_sha256 {})\n",
              duration_text(std::chrono::duration<double>(Clock::now() - run_started).count()),
              (dir / "final.baton").string(), params_sha256(*state));
   if (summary.empty() && !cur->stages().empty()) {  // resumed after the last stage had ended
     if (auto plan = cur->stages().back().eval(); plan && !plan->spec.sets.empty())
-      if (auto m = eval(plan->spec, *state)) summary.push_back(StageSummary{state->stage, state->time, state->time, 0, *m, 0});
+      if (auto m = eval(plan->spec, *state)) summary.push_back(StageSummary{state->stage, state->time, state->time, 0, *m, 0, {}});
   }
+  // The report of this run directory; training succeeded, so a report that cannot be written is
+  // said loudly but does not turn the run into a failure.
+  if (auto page = report::write({dir}, dir / "report.html"))
+    fmt::print("report: {}\n", page->string());
+  else
+    fmt::print(stderr, "baton: the run finished but its report was not written: {}\n", page.error().to_string());
   if (!summary.empty())
     for (const auto& [set, values] : summary.back().metrics)
       if (auto it = values.find("accuracy"); it != values.end()) fmt::print("{}_accuracy={:.4f}\n", set, it->second);
@@ -435,7 +472,7 @@ int main(int argc, char** argv, const Registry& registry) {
   app.footer("Exit codes: 0 success, 1 training failed, 2 invalid input, 3 interrupted; a second Ctrl-C/SIGTERM: 130/143.");
 
   RunArgs run_args;
-  auto* run_cmd = app.add_subcommand("run", "Train every stage of a curriculum, evaluate, write the run directory");
+  auto* run_cmd = app.add_subcommand("run", "Train every stage of a curriculum, evaluate, write the run directory and its report.html");
   run_cmd->add_option("file", run_args.file, "Curriculum file (TOML)")->required()->check(CLI::ExistingFile);
   run_cmd->add_option("--set", run_args.sets, "Override a value: path=value, e.g. stage.main.optimizer.lr=1e-3");
   run_cmd->add_option("--run-dir", run_args.run_dir, "Run directory (default: run.run_dir)");
@@ -457,6 +494,14 @@ int main(int argc, char** argv, const Registry& registry) {
   auto* inspect_cmd = app.add_subcommand("inspect", "Print a checkpoint's header as JSON (timestamp, stage, params_sha256)");
   inspect_cmd->add_option("path", inspect_path, "Checkpoint file (.baton)")->required()->check(CLI::ExistingFile);
 
+  std::vector<std::string> report_dirs;
+  std::string report_out;
+  auto* report_cmd = app.add_subcommand(
+      "report", "One self-contained HTML page of plots and tables from run directories (several: overlaid)");
+  report_cmd->add_option("run_dir", report_dirs, "Run directories written by `baton run`")->required();
+  report_cmd->add_option("-o,--output", report_out,
+                         "HTML file to write (default: RUN_DIR/report.html for one run, report.html for several)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -471,6 +516,16 @@ int main(int argc, char** argv, const Registry& registry) {
     if (*validate_cmd) return validate(validate_file, validate_sets, registry);
     if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, registry);
     if (*inspect_cmd) return inspect(inspect_path);
+    if (*report_cmd) {
+      std::vector<fs::path> dirs(report_dirs.begin(), report_dirs.end());
+      const fs::path out = !report_out.empty() ? fs::path(report_out)
+                           : dirs.size() == 1   ? dirs.front() / "report.html"
+                                                : fs::path("report.html");
+      auto page = report::write(dirs, out);
+      if (!page) return report(page.error());
+      fmt::print("report: {}\n", page->string());
+      return exit_ok;
+    }
   } catch (const std::exception& e) {  // I/O of logs and the like: say it and fail cleanly
     fmt::print(stderr, "baton: {}\n", e.what());
     return exit_training_failed;
