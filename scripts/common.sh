@@ -10,6 +10,8 @@ BUILD_DIR="${BATON_BUILD_DIR:-$ROOT/build}"
 PACKAGES=(g++ cmake ninja-build ccache git
           libtorch-dev libopenblas0 libexpected-dev librange-v3-dev libtomlplusplus-dev
           libfmt-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev catch2 dataset-fashion-mnist)
+# Gloo's headers, for c10d's ProcessGroupGloo (data-parallel training, src/distributed.cpp).
+PACKAGES+=(libgloo-dev)
 
 ensure_packages() {
   local missing=()
