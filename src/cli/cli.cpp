@@ -288,7 +288,15 @@ int run(const RunArgs& a, const Registry& registry) {
     if (!std::freopen(logs && std::string(logs) == "1" ? rank_log.c_str() : "/dev/null", "w", stdout))
       return report(Error{ErrorCode::io, fmt::format("{}: cannot open this rank's log", rank_log.string()), {}});
   }
-  auto runtime = configure_runtime({.threads = cur->run().threads});
+  int threads = cur->run().threads;
+  if (threads == 0 && group) {
+    // The machine's cores are shared by its ranks (idle OpenMP threads spin while a rank waits
+    // in a collective): cores / ranks on this machine each, unless [run] threads says otherwise.
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int ranks_here = local && std::atoi(local) > 0 ? std::atoi(local) : group->world_size();
+    threads = std::max(1, available_cores() / ranks_here);
+  }
+  auto runtime = configure_runtime({.threads = threads});
   if (!runtime) return report(runtime.error());
   fmt::print("{}\n", runtime->to_string());
 
