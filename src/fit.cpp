@@ -811,16 +811,18 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
     if (dist) {
       // Every rank must start from the same point of the same run; then rank 0's weights win
       // (a model built from the same seed is equal anyway; this also covers a user's own init).
-      auto here = torch::tensor(std::vector<std::int64_t>{s.time.batch, s.time.sample, n, bs}, torch::kLong);
+      auto here = torch::tensor(std::vector<std::int64_t>{s.time.batch, s.time.sample, n, bs, static_cast<std::int64_t>(data_seed)},
+                                torch::kLong);
       auto rank0 = here.clone();
       dist_check(dist->broadcast({rank0}, 0, "the starting point"));
       if (!here.equal(rank0))
         detail::raise(ErrorCode::invalid_argument,
-                      fmt::format("distributed: rank {} starts at batch {} (sample {}) with {} training samples and "
-                                  "global batch {}, rank 0 at batch {} (sample {}) with {} and {}; every rank must "
-                                  "start from the same state (the same checkpoint) with the same spec",
-                                  dist->rank(), s.time.batch, s.time.sample, n, bs, rank0[0].item<std::int64_t>(),
-                                  rank0[1].item<std::int64_t>(), rank0[2].item<std::int64_t>(), rank0[3].item<std::int64_t>()));
+                      fmt::format("distributed: rank {} starts at batch {} (sample {}) with {} training samples, "
+                                  "global batch {} and data seed {}, rank 0 at batch {} (sample {}) with {}, {} and {}; "
+                                  "every rank must start from the same state (the same checkpoint) with the same spec",
+                                  dist->rank(), s.time.batch, s.time.sample, n, bs, here[4].item<std::int64_t>(),
+                                  rank0[0].item<std::int64_t>(), rank0[1].item<std::int64_t>(), rank0[2].item<std::int64_t>(),
+                                  rank0[3].item<std::int64_t>(), rank0[4].item<std::int64_t>()));
       std::vector<torch::Tensor> all = buffers;
       for (const auto& p : s.model.module->parameters()) all.push_back(p);
       broadcast_from_rank0(*dist, all, "the initial weights and buffers");
