@@ -12,6 +12,8 @@ PACKAGES=(g++ cmake ninja-build ccache git
           libfmt-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev catch2 dataset-fashion-mnist)
 # The report's browser test (tests/report_test.cpp, tag [browser]) opens reports in headless Chromium.
 PACKAGES+=(chromium)
+# Gloo's headers, for c10d's ProcessGroupGloo (data-parallel training, src/distributed.cpp).
+PACKAGES+=(libgloo-dev)
 
 ensure_packages() {
   local missing=()

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "baton/checkpoint.hpp"
+#include "baton/distributed.hpp"
 #include "baton/eval.hpp"
 #include "baton/fit.hpp"
 #include "detail.hpp"
@@ -359,6 +360,106 @@ void check_warmup(const TrainingSpec& spec, const TrainState& s, std::int64_t n)
                               spec.schedule_clock == Clock::stage ? "stage" : "run"));
 }
 
+// ---------------------------------------------------------------- data parallel (c10d)
+
+void dist_check(Expected<void> r) {
+  if (!r) throw detail::BatonException(r.error());
+}
+
+/// Overwrites `tensors` with rank 0's: the tensors of one dtype flattened into one broadcast.
+void broadcast_from_rank0(const Distributed& group, const std::vector<torch::Tensor>& tensors, const std::string& what) {
+  if (tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::map<int, std::vector<torch::Tensor>> by_type;
+  for (const auto& t : tensors) by_type[static_cast<int>(t.scalar_type())].push_back(t);
+  std::vector<torch::Tensor> flats;
+  for (const auto& [type, group_tensors] : by_type) {
+    std::vector<torch::Tensor> parts;
+    for (const auto& t : group_tensors) parts.push_back(t.reshape({-1}));
+    flats.push_back(torch::cat(parts));
+  }
+  dist_check(group.broadcast(flats, 0, what));
+  if (group.rank() == 0) return;
+  std::size_t g = 0;
+  for (const auto& [type, group_tensors] : by_type) {
+    std::int64_t offset = 0;
+    for (const auto& t : group_tensors) {
+      const_cast<torch::Tensor&>(t).copy_(flats[g].narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+    ++g;
+  }
+}
+
+std::vector<torch::Tensor> buffers_of(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& b : m.buffers()) out.push_back(b);
+  return out;
+}
+
+/// One step's part in data-parallel training: this rank's share of the global batch, and what
+/// the gradient all-reduce carries besides the gradients.
+struct DataParallelStep {
+  const Distributed& group;
+  double weight;        ///< this rank's samples / the global batch's: the loss is scaled by it
+  bool stop_requested;  ///< this rank was asked to stop (signal, stop flag): all ranks stop
+  std::string what;     ///< "gradients at batch 12", for errors
+  bool stop_agreed = false;  ///< out: some rank asked to stop
+};
+
+/// Largest bucket of gradients in one all-reduce (PyTorch DDP's default, 25 MiB).
+constexpr std::int64_t kBucketBytes = 25LL << 20;
+
+/// Sums the ranks' weighted gradients (= the gradient of the global batch's mean loss), in
+/// buckets of at most kBucketBytes launched together, plus one small float64 tensor with the
+/// weighted loss, the non-finite and stop flags and which parameters have a gradient anywhere.
+/// Every rank gets the same bits, so every rank applies the same update. Returns the global loss
+/// and whether some rank's loss was not finite.
+std::pair<double, bool> all_reduce_gradients(DataParallelStep& dp, std::vector<Slot>& slots, double weighted_loss,
+                                             bool non_finite) {
+  torch::NoGradGuard no_grad;
+  const std::size_t n = slots.size();
+  auto meta = torch::zeros({static_cast<std::int64_t>(n) + 3}, torch::kDouble);
+  double* m = meta.data_ptr<double>();
+  m[0] = weighted_loss, m[1] = non_finite ? 1 : 0, m[2] = dp.stop_requested ? 1 : 0;
+  std::vector<torch::Tensor> buckets;
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (std::size_t i = 0; i < n;) {
+    const auto type = slots[i].param.scalar_type();
+    std::int64_t bytes = 0;
+    std::vector<torch::Tensor> parts;
+    std::size_t j = i;
+    for (; j < n && slots[j].param.scalar_type() == type; ++j) {
+      const auto& p = slots[j].param;
+      const std::int64_t size = p.numel() * static_cast<std::int64_t>(p.element_size());
+      if (j > i && bytes + size > kBucketBytes) break;
+      bytes += size;
+      if (p.grad().defined()) {
+        m[3 + j] = 1;
+        parts.push_back(p.grad().reshape({-1}));
+      } else {
+        parts.push_back(torch::zeros({p.numel()}, p.options()));
+      }
+    }
+    buckets.push_back(torch::cat(parts));
+    ranges.emplace_back(i, j);
+    i = j;
+  }
+  buckets.push_back(meta);
+  dist_check(dp.group.all_reduce(buckets, Distributed::Op::sum, dp.what));
+  for (std::size_t b = 0; b < ranges.size(); ++b) {
+    std::int64_t offset = 0;
+    for (std::size_t k = ranges[b].first; k < ranges[b].second; ++k) {
+      auto& p = slots[k].param;
+      if (m[3 + k] > 0) p.mutable_grad() = buckets[b].narrow(0, offset, p.numel()).view_as(p);
+      else p.mutable_grad().reset();  // no rank has a gradient for it (unused): as in one process
+      offset += p.numel();
+    }
+  }
+  dp.stop_agreed = m[2] > 0;
+  return {m[0], m[1] > 0};
+}
+
 struct StepOutput {
   double loss;
   double grad_norm;
@@ -398,10 +499,12 @@ struct Hooks {
 /// update. Changes `s` in place. With a non-finite loss (or gradient, when checked) nothing is
 /// applied and the output says so.
 StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
-                         double lr_scale, Hooks* hooks, const AlgorithmContext* actx) {
-  const std::int64_t total = batch.inputs.size(0);
-  const std::int64_t k = std::min<std::int64_t>(std::max<std::int64_t>(spec.grad_accum, 1), total);
+                         double lr_scale, Hooks* hooks, const AlgorithmContext* actx, DataParallelStep* dp = nullptr) {
+  const std::int64_t total = batch.inputs.size(0);  // data parallel: this rank's shard, maybe empty
+  const std::int64_t k = std::min<std::int64_t>(std::max<std::int64_t>(spec.grad_accum, 1), std::max<std::int64_t>(total, 1));
   const std::int64_t micro = (total + k - 1) / k;
+  const double rank_weight = dp ? dp->weight : 1.0;
+  bool local_non_finite = false;
   double batch_loss = 0.0;
   auto drop_grads = [&] {
     for (auto& sl : slots) sl.param.mutable_grad().reset();
@@ -442,18 +545,34 @@ StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Sl
     const double value = loss.item<double>();
     if (!std::isfinite(value)) {
       drop_grads();
+      if (dp) {  // the other ranks must hear of it in the all-reduce: every rank skips the step
+        local_non_finite = true, batch_loss = value;
+        break;
+      }
       return {value, 0.0, true, fmt::format("loss \"{}\" is {}", spec.loss.name, value)};
     }
     if (hooks) hooks->fire(Event::after_loss);
-    if (whole) {
+    if (whole && !dp) {
       batch_loss = value;
       loss.backward();
     } else {
-      // A mean over the batch is the size-weighted mean of the microbatch means.
-      const double weight = static_cast<double>(size) / static_cast<double>(total);
+      // A mean over the batch is the size-weighted mean of the microbatch means (data parallel:
+      // of the ranks' shards, so that the summed gradients are those of the global batch's mean).
+      const double weight = static_cast<double>(size) / static_cast<double>(total) * rank_weight;
       batch_loss += value * weight;
       (loss * weight).backward();
     }
+  }
+  if (dp) {
+    // The one gradient all-reduce of the step (none per microbatch), before anything reads them.
+    const auto [global_loss, any_non_finite] = all_reduce_gradients(*dp, slots, local_non_finite ? 0.0 : batch_loss, local_non_finite);
+    if (any_non_finite) {
+      drop_grads();
+      return {local_non_finite ? batch_loss : global_loss, 0.0, true,
+              fmt::format("loss \"{}\" is not finite on {}", spec.loss.name,
+                          local_non_finite ? fmt::format("rank {}", dp->group.rank()) : std::string("another rank"))};
+    }
+    batch_loss = global_loss;
   }
   if (hooks) {
     if (hooks->any_after_backward) {
@@ -686,6 +805,29 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
     FreezeScope frozen(spec, *s.model.module);
     s.model.module->train(true);
     detail::GlobalRngScope rng(s.rng);  // dropout, augmentation etc. draw from the run's RNG
+    // Data parallel: every rank draws from the same stream (the state's), so states stay equal.
+    const Distributed* dist = spec.distributed.get();
+    const std::vector<torch::Tensor> buffers = dist ? buffers_of(*s.model.module) : std::vector<torch::Tensor>{};
+    if (dist) {
+      // Every rank must start from the same point of the same run; then rank 0's weights win
+      // (a model built from the same seed is equal anyway; this also covers a user's own init).
+      auto here = torch::tensor(std::vector<std::int64_t>{s.time.batch, s.time.sample, n, bs, static_cast<std::int64_t>(data_seed)},
+                                torch::kLong);
+      auto rank0 = here.clone();
+      dist_check(dist->broadcast({rank0}, 0, "the starting point"));
+      if (!here.equal(rank0))
+        detail::raise(ErrorCode::invalid_argument,
+                      fmt::format("distributed: rank {} starts at batch {} (sample {}) with {} training samples, "
+                                  "global batch {} and data seed {}, rank 0 at batch {} (sample {}) with {}, {} and {}; "
+                                  "every rank must start from the same state (the same checkpoint) with the same spec",
+                                  dist->rank(), s.time.batch, s.time.sample, n, bs, here[4].item<std::int64_t>(),
+                                  rank0[0].item<std::int64_t>(), rank0[1].item<std::int64_t>(), rank0[2].item<std::int64_t>(),
+                                  rank0[3].item<std::int64_t>(), rank0[4].item<std::int64_t>()));
+      std::vector<torch::Tensor> all = buffers;
+      for (const auto& p : s.model.module->parameters()) all.push_back(p);
+      broadcast_from_rank0(*dist, all, "the initial weights and buffers");
+    }
+    bool dist_stop = false;  // data parallel: some rank was asked to stop (agreed in the last step)
 
     // One record per stage: a fit that continues the stage extends its record, so a stage split
     // into several fits leaves the same history as one fit.
@@ -705,7 +847,9 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
       evaluated_at = s.time.batch;
       hooks.fire(Event::eval_start);
       s.rng = rng.current();  // eval draws nothing, but reads the state's generator
-      auto m = eval(spec.evaluation->spec, s);
+      EvalSpec eval_spec = spec.evaluation->spec;
+      if (dist && !eval_spec.distributed) eval_spec.distributed = spec.distributed;  // shards, reduced counts
+      auto m = eval(eval_spec, s);
       if (!m) throw detail::BatonException(m.error().with_context("evaluation"));
       if (hooks.any_loggers) {
         std::map<std::string, double> flat;
@@ -716,6 +860,7 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
       hooks.fire(Event::eval_end, nullptr, &*m);
     };
     auto write_checkpoint = [&](bool stage_done) {
+      if (dist && dist->rank() != 0) return;  // the ranks' states are equal: rank 0 writes
       s.rng = rng.current();
       CheckpointMeta meta = spec.checkpoints.meta;
       // (insert_or_assign of a std::string: GCC 12's -Wstringop-overflow misfires on operator=(const char*))
@@ -735,7 +880,8 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
     SignalScope signals(spec.handle_signals);
     if (h) hooks.fire(Event::fit_start);
     for (Timestamp& t = s.time; !s.finished() && !end.reached(t, n) && t.batch < batch_limit;) {
-      if ((spec.stop && spec.stop->load()) || signals.raised()) {  // checked between batches only
+      const bool stop_here = (spec.stop && spec.stop->load()) || signals.raised();
+      if (dist ? dist_stop : stop_here) {  // checked between batches only; data parallel: agreed
         interrupted = true;
         break;
       }
@@ -751,7 +897,9 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
       if (h && t.sample_in_epoch == 0) hooks.fire(Event::epoch_start);
       if (h) hooks.fire(Event::batch_start);
       const std::int64_t take = std::min(bs, n - t.sample_in_epoch);
-      const auto index = s.order_cache->order.narrow(0, t.sample_in_epoch, take);
+      // Data parallel: the global batch is cut from the one order; this rank takes its shard.
+      const auto [shard_at, shard_size] = dist ? dist->shard(take) : std::pair<std::int64_t, std::int64_t>{0, take};
+      const auto index = s.order_cache->order.narrow(0, t.sample_in_epoch + shard_at, shard_size);
       Batch batch{data.inputs.index_select(0, index), data.targets.index_select(0, index)};
       if (!spec.device.is_cpu()) {
         batch.inputs = batch.inputs.to(spec.device, /*non_blocking=*/true);
@@ -765,7 +913,15 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
         hooks.fire(Event::after_data);
       }
       const double scale = spec.schedule(schedule_time(spec, s, t, s.stage_start, n));
-      StepOutput out = step_in_place(spec, s, slots, batch, scale, h, &actx);
+      std::optional<DataParallelStep> dp;
+      if (dist) {
+        // Buffers (BatchNorm statistics) follow rank 0 before each forward, as DDP's default.
+        broadcast_from_rank0(*dist, buffers, fmt::format("buffers at batch {}", t.batch));
+        dp.emplace(DataParallelStep{*dist, static_cast<double>(shard_size) / static_cast<double>(take), stop_here,
+                                    fmt::format("gradients at batch {}", t.batch)});
+      }
+      StepOutput out = step_in_place(spec, s, slots, batch, scale, h, &actx, dp ? &*dp : nullptr);
+      if (dp) dist_stop = dp->stop_agreed;
       if (out.non_finite) {
         const std::string where = fmt::format("at batch {} (epoch {}, batch {} of it)", t.batch, t.epoch, t.batch_in_epoch);
         if (spec.on_non_finite == NonFinite::error)
@@ -809,6 +965,8 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
       }
     }
     s.rng = rng.current();
+    // Data parallel: each rank's last forward updated its own buffers; rank 0's are the state's.
+    if (dist) broadcast_from_rank0(*dist, buffers, "the final buffers");
     auto& r = s.history[rec];
     r.end = s.time;
     r.interrupted = interrupted;
@@ -853,6 +1011,10 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
     if (auto ok = spec.optimizer.validate(); !ok) return tl::unexpected(ok.error());
     if (!spec.loss.fn) return fail(ErrorCode::invalid_spec, "loss: no loss function set");
     if (!s.model.module) return fail(ErrorCode::invalid_argument, "train_step: the state has no model");
+    if (spec.distributed)
+      return fail(ErrorCode::invalid_spec,
+                  "train_step: a spec with a process group (distributed) trains with fit, which shards the data and "
+                  "averages gradients; train_step takes one batch of one process: clear spec.distributed");
     if (s.finished()) return tl::unexpected(finished_error(s));
     if (!batch.inputs.defined() || !batch.targets.defined() || batch.inputs.dim() == 0 ||
         batch.targets.dim() == 0 || batch.inputs.size(0) != batch.targets.size(0) || batch.inputs.size(0) == 0)
@@ -992,8 +1154,10 @@ Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
       std::int64_t correct = 0;
       std::vector<std::int64_t> topk_correct(spec.top_k.size(), 0);
       std::int64_t num_classes = 0;
-      for (std::int64_t i = 0; i < n; i += spec.batch_size) {
-        const std::int64_t take = std::min(spec.batch_size, n - i);
+      // Across ranks: this rank's contiguous shard of the set; sums and counts reduced below.
+      const auto [lo, count] = spec.distributed ? spec.distributed->shard(n) : std::pair<std::int64_t, std::int64_t>{0, n};
+      for (std::int64_t i = lo; i < lo + count; i += spec.batch_size) {
+        const std::int64_t take = std::min(spec.batch_size, lo + count - i);
         auto x = ds.inputs.narrow(0, i, take);
         auto y = ds.targets.narrow(0, i, take);
         torch::Tensor out;
@@ -1014,6 +1178,19 @@ Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
             topk_correct[k] += top.eq(y.unsqueeze(1)).any(1).sum().item<std::int64_t>();
           }
         }
+      }
+      if (spec.distributed) {
+        std::vector<double> sums{loss_sum, static_cast<double>(correct)};
+        for (auto c : topk_correct) sums.push_back(static_cast<double>(c));
+        auto summed = torch::tensor(sums, torch::kDouble);
+        auto most = torch::tensor(std::vector<std::int64_t>{num_classes}, torch::kLong);  // a rank with an empty shard saw none
+        const std::string what = fmt::format("the metrics of eval set \"{}\"", name);
+        if (auto ok = spec.distributed->all_reduce({summed}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
+        if (auto ok = spec.distributed->all_reduce({most}, Distributed::Op::max, what); !ok) return tl::unexpected(ok.error());
+        loss_sum = summed[0].item<double>();
+        correct = std::llround(summed[1].item<double>());
+        for (std::size_t k = 0; k < topk_correct.size(); ++k) topk_correct[k] = std::llround(summed[2 + static_cast<std::int64_t>(k)].item<double>());
+        num_classes = most[0].item<std::int64_t>();
       }
       auto& m = metrics[name];
       m["loss"] = loss_sum / static_cast<double>(n);

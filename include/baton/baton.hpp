@@ -6,6 +6,7 @@
 #include "baton/callbacks.hpp"
 #include "baton/checkpoint.hpp"
 #include "baton/data.hpp"
+#include "baton/distributed.hpp"
 #include "baton/error.hpp"
 #include "baton/events.hpp"
 #include "baton/eval.hpp"

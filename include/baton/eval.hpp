@@ -17,6 +17,8 @@
 
 namespace baton {
 
+class Distributed;  // distributed.hpp
+
 /// What to evaluate. Metrics per set: "loss" (the mean of `loss` over samples), and for int64
 /// class targets "accuracy" and "top<k>_accuracy" for each k in `top_k`.
 struct EvalSpec {
@@ -29,6 +31,11 @@ struct EvalSpec {
   /// Evaluate with weights an algorithm keeps instead of the model's own: "ema" or "swa" (the
   /// name of an entry in `TrainState::algorithm_state` holding parameters and buffers by name).
   std::string weights{};
+  /// Evaluate across the ranks of this process group: each rank evaluates a contiguous shard of
+  /// every set, and the metrics are reduced from sums and counts, so every rank gets the
+  /// metrics of the whole set (equal to one process's, up to float summation order). Every rank
+  /// must call eval. Null: this process evaluates everything. A fit with a group passes it on.
+  std::shared_ptr<const Distributed> distributed{};
 };
 
 /// Metric values by set name, then metric name: `metrics["test"]["accuracy"]`.

@@ -36,6 +36,8 @@
 
 namespace baton {
 
+class Distributed;  // distributed.hpp
+
 /// Training data and how it is batched.
 struct DataSpec {
   Dataset train{};
@@ -162,6 +164,12 @@ struct TrainingSpec {
   Anchor duration_anchor = Anchor::fit;           ///< count `duration` from this fit's start or the stage's
   c10::Device device = c10::Device(c10::kCPU);    ///< CPU; CUDA when LibTorch has it
   std::optional<std::uint64_t> data_seed{};         ///< data order seed; default: the run's seed
+  /// Data-parallel training in this process group (distributed.hpp); null: one process. With a
+  /// group, `data.batch_size` is the global batch: each rank takes its contiguous shard of every
+  /// global batch of the one (seed, epoch) order, gradients are averaged across ranks (weighted
+  /// by shard sizes) after backward, buffers follow rank 0, only rank 0 writes checkpoints, and
+  /// every rank's state ends identical. See docs/distributed.md.
+  std::shared_ptr<const Distributed> distributed{};
 
   [[nodiscard]] TrainingSpec with_name(std::string v) const;
   [[nodiscard]] TrainingSpec with_data(DataSpec v) const;
@@ -188,6 +196,7 @@ struct TrainingSpec {
   [[nodiscard]] TrainingSpec with_evaluation(std::optional<EvalSchedule> v) const;
   [[nodiscard]] TrainingSpec with_checkpoints(CheckpointPolicy v) const;
   [[nodiscard]] TrainingSpec with_non_finite(NonFinite v) const;
+  [[nodiscard]] TrainingSpec with_distributed(std::shared_ptr<const Distributed> v) const;
 
   /// Every problem of the spec at once, in one error (code invalid_spec), each line naming the
   /// field, e.g. `data.batch_size: must be positive, got 0`.

@@ -18,9 +18,11 @@
 #include "baton/callbacks.hpp"
 #include "baton/checkpoint.hpp"
 #include "baton/cli.hpp"
+#include "baton/distributed.hpp"
 #include "baton/fit.hpp"
 #include "baton/runtime.hpp"
 #include "report.hpp"
+#include "launch.hpp"
 
 namespace baton::cli {
 namespace {
@@ -163,6 +165,7 @@ struct RunArgs {
   std::vector<std::string> sets;
   std::string run_dir;
   bool fresh = false;
+  int nproc = 0;  // > 0: start this many ranks here (baton launch) instead of training
 };
 
 /// Checkpoints of a run directory: checkpoints/ckpt-<batch>[-end].baton, newest first (at the
@@ -235,7 +238,32 @@ int run(const RunArgs& a, const Registry& registry) {
   auto cur = load_curriculum(a.file, a.sets, registry);
   if (!cur) return report(cur.error());
   if (auto ok = cur->validate(); !ok) return report(ok.error());
-  auto runtime = configure_runtime({.threads = cur->run().threads});
+  // Started by a launcher (WORLD_SIZE set): join its group; rank 0 alone writes the run
+  // directory and prints, the others print only errors (or all to rank-<k>.log on request).
+  std::shared_ptr<const Distributed> group;
+  if (launched_distributed()) {
+    auto g = Distributed::join_from_env();
+    if (!g) return report(g.error());
+    group = *g;
+  }
+  const bool lead = !group || group->rank() == 0;
+  if (!lead) {
+    const fs::path rank_log = (a.run_dir.empty() ? cur->run().run_dir : fs::path(a.run_dir)) / fmt::format("rank-{}.log", group->rank());
+    const char* logs = std::getenv("BATON_RANK_LOGS");
+    std::error_code mk;
+    if (logs && std::string(logs) == "1") fs::create_directories(rank_log.parent_path(), mk);
+    if (!std::freopen(logs && std::string(logs) == "1" ? rank_log.c_str() : "/dev/null", "w", stdout))
+      return report(Error{ErrorCode::io, fmt::format("{}: cannot open this rank's log", rank_log.string()), {}});
+  }
+  int threads = cur->run().threads;
+  if (threads == 0 && group) {
+    // The machine's cores are shared by its ranks (idle OpenMP threads spin while a rank waits
+    // in a collective): cores / ranks on this machine each, unless [run] threads says otherwise.
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int ranks_here = local && std::atoi(local) > 0 ? std::atoi(local) : group->world_size();
+    threads = std::max(1, available_cores() / ranks_here);
+  }
+  auto runtime = configure_runtime({.threads = threads});
   if (!runtime) return report(runtime.error());
   fmt::print("{}\n", runtime->to_string());
 
@@ -247,20 +275,20 @@ int run(const RunArgs& a, const Registry& registry) {
              cur->run().max_duration.to_string(), dir.string());
 
   const fs::path ckpt_dir = dir / "checkpoints";
-  if (a.fresh) {
+  if (a.fresh && lead) {
     for (const char* f : {"checkpoints", "metrics.jsonl", "metrics.csv", "final.baton", "report.html"}) fs::remove_all(dir / f, ec);
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.path().filename().string().rfind("stage-", 0) == 0) fs::remove(e.path(), ec);
   }
   auto factory = cur->model();
   if (!factory) return report(factory.error());
-  auto resume = find_resume(dir, *cur, *factory);
+  auto resume = a.fresh && !lead ? Expected<std::optional<Resume>>() : find_resume(dir, *cur, *factory);
   if (!resume) return report(resume.error());
-  write_text(dir / "config.toml", cur->resolved_toml());
+  if (lead) write_text(dir / "config.toml", cur->resolved_toml());
   fs::create_directories(ckpt_dir, ec);
   // Temporary files of checkpoint writes that a killed run left behind (`.<name>.tmp-<pid>`):
   // never valid checkpoints, removed so they do not pile up.
-  for (const auto& e : fs::directory_iterator(ckpt_dir, ec))
+  for (const auto& e : fs::directory_iterator(lead ? ckpt_dir : fs::path(), ec))
     if (const auto f = e.path().filename().string(); f.rfind(".ckpt-", 0) == 0 && f.find(".tmp-") != std::string::npos) {
       fmt::print(stderr, "baton: removing {} (an unfinished checkpoint write of an earlier run)\n", e.path().string());
       fs::remove(e.path(), ec);
@@ -271,10 +299,10 @@ int run(const RunArgs& a, const Registry& registry) {
     fmt::print("resuming from {}: stage {}, epoch {}, batch {}\n", (*resume)->from.string(), state->stage,
                state->time.epoch, state->time.batch);
   const auto stop = std::shared_ptr<const std::atomic<bool>>(std::shared_ptr<void>(), &g_stop);
-  MetricsLog log(dir);
+  MetricsLog log(lead ? dir : dir / fmt::format("rank-{}", group->rank()));  // absent: nothing written
   Progress progress;
   std::vector<std::shared_ptr<Logger>> extra_loggers;
-  if (cur->run().tensorboard) {
+  if (cur->run().tensorboard && lead) {
     auto tb = loggers::tensorboard(dir / "tensorboard");
     if (!tb) return report(tb.error());
     extra_loggers.push_back(*tb);
@@ -303,6 +331,7 @@ int run(const RunArgs& a, const Registry& registry) {
                                                 .config_fingerprint = cur->fingerprint(),
                                                 .stage_index = static_cast<std::int64_t>(index)}};
       s.loggers.push_back(cli_logger);
+      s.distributed = group;
       return s;
     });
     if (!spec) return report(spec.error());
@@ -379,6 +408,7 @@ int run(const RunArgs& a, const Registry& registry) {
                row.loss, metrics_text(row.metrics), duration_text(row.seconds));
     summary.push_back(std::move(row));
   }
+  if (!lead) return exit_ok;  // rank 0 writes the final state (the ranks' states are equal)
   if (auto ok = save_checkpoint(*state, dir / "final.baton",
                                 {.run_name = cur->run().name, .config_fingerprint = cur->fingerprint(),
                                  .stage_index = static_cast<std::int64_t>(cur->stages().size())});
@@ -477,6 +507,18 @@ int main(int argc, char** argv, const Registry& registry) {
   run_cmd->add_option("--set", run_args.sets, "Override a value: path=value, e.g. stage.main.optimizer.lr=1e-3");
   run_cmd->add_option("--run-dir", run_args.run_dir, "Run directory (default: run.run_dir)");
   run_cmd->add_flag("--fresh", run_args.fresh, "Start over: remove the run directory's checkpoints and metrics");
+  run_cmd->add_option("--nproc", run_args.nproc, "Train data-parallel with this many local processes (see baton launch)")
+      ->check(CLI::Range(1, 1024));
+
+  LaunchOptions launch_args;
+  double launch_grace = 30;
+  auto* launch_cmd = app.add_subcommand(
+      "launch", "Start N local ranks of a data-parallel group (RANK, WORLD_SIZE, MASTER_ADDR/PORT set): launch -n 2 -- baton run f.toml");
+  launch_cmd->add_option("-n,--nproc", launch_args.nproc, "Number of processes")->required()->check(CLI::Range(1, 1024));
+  launch_cmd->add_option("--grace", launch_grace, "Seconds the other ranks get to stop after one fails (default 30)")
+      ->check(CLI::Range(0.0, 86400.0));
+  launch_cmd->add_flag("--rank-logs", launch_args.rank_logs, "Ranks > 0 write their output to <run dir>/rank-<k>.log");
+  launch_cmd->add_option("command", launch_args.command, "The command each rank runs (after --)")->required();
 
   std::string validate_file;
   std::vector<std::string> validate_sets;
@@ -509,6 +551,18 @@ int main(int argc, char** argv, const Registry& registry) {
     return rc == 0 ? exit_ok : exit_invalid_input;
   }
   try {
+    if (*launch_cmd) {
+      launch_args.grace = std::chrono::milliseconds(static_cast<long>(launch_grace * 1000));
+      return launch(launch_args);
+    }
+    if (*run_cmd && run_args.nproc > 0 && !launched_distributed()) {
+      // baton run f.toml --nproc N: the same command, N times, under the launcher.
+      LaunchOptions lo{.nproc = run_args.nproc, .command = {self_executable(), "run", run_args.file}};
+      for (const auto& s : run_args.sets) lo.command.insert(lo.command.end(), {"--set", s});
+      if (!run_args.run_dir.empty()) lo.command.insert(lo.command.end(), {"--run-dir", run_args.run_dir});
+      if (run_args.fresh) lo.command.emplace_back("--fresh");
+      return launch(lo);
+    }
     if (*run_cmd) {
       install_run_signal_handlers();
       return run(run_args, registry);

@@ -1,0 +1,201 @@
+// The local launcher: N ranks of one process group, as torchrun's standalone mode does.
+#include "launch.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace baton::cli {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+std::atomic<int> g_forward_signal{0};
+
+extern "C" void baton_launch_on_signal(int sig) { g_forward_signal = sig; }
+
+/// A port nobody listens on now: bind port 0 on loopback and read what the kernel chose. (Rank
+/// 0's TCPStore binds it a moment later; another program could take it in between, in which
+/// case the ranks fail to rendezvous with an error saying so.)
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string status_text(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = ::sigabbrev_np(WTERMSIG(status));
+    return fmt::format("killed by signal {}{}", WTERMSIG(status), name ? fmt::format(" (SIG{})", name) : "");
+  }
+  return fmt::format("status {}", status);
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+}  // namespace
+
+std::string self_executable() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("baton");
+}
+
+int launch(const LaunchOptions& o) {
+  if (o.nproc < 1) {
+    fmt::print(stderr, "baton launch: -n must be at least 1, got {}\n", o.nproc);
+    return 2;
+  }
+  if (o.command.empty()) {
+    fmt::print(stderr, "baton launch: no command to run; write it after --, e.g. baton launch -n 2 -- baton run f.toml\n");
+    return 2;
+  }
+  const int port = free_port();
+  if (port <= 0) {
+    fmt::print(stderr, "baton launch: cannot find a free TCP port on 127.0.0.1: {}\n", std::strerror(errno));
+    return 1;
+  }
+  fmt::print(stderr, "baton launch: {} ranks, rendezvous at 127.0.0.1:{}\n", o.nproc, port);
+  std::fflush(stderr);
+  std::fflush(stdout);
+
+  struct sigaction sa {}, old_int{}, old_term{};
+  sa.sa_handler = baton_launch_on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  g_forward_signal = 0;
+
+  std::vector<pid_t> pids(static_cast<std::size_t>(o.nproc), -1);
+  std::vector<std::optional<int>> statuses(pids.size());
+  std::vector<std::string> argv_storage = o.command;
+  std::vector<char*> argv;
+  for (auto& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (int r = 0; r < o.nproc; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      fmt::print(stderr, "baton launch: cannot start rank {}: {}\n", r, std::strerror(errno));
+      for (int k = 0; k < r; ++k) ::kill(pids[static_cast<std::size_t>(k)], SIGTERM);
+      for (int k = 0; k < r; ++k) ::waitpid(pids[static_cast<std::size_t>(k)], nullptr, 0);
+      return 1;
+    }
+    if (pid == 0) {
+      // Its own process group: a Ctrl-C at the terminal reaches the launcher only, which
+      // forwards it once (a rank that got it twice would leave at once, without a checkpoint).
+      ::setpgid(0, 0);
+      sigaction(SIGINT, &old_int, nullptr);
+      sigaction(SIGTERM, &old_term, nullptr);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (o.rank_logs) ::setenv("BATON_RANK_LOGS", "1", 1);
+      ::execvp(argv[0], argv.data());
+      fmt::print(stderr, "baton launch: rank {}: cannot run {}: {}\n", r, argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    pids[static_cast<std::size_t>(r)] = pid;
+  }
+
+  std::optional<int> first_failed;  // rank
+  std::optional<SteadyClock::time_point> term_at, kill_at;
+  bool termed = false, killed = false;
+  auto alive = [&] {
+    int count = 0;
+    for (std::size_t r = 0; r < pids.size(); ++r) count += statuses[r] ? 0 : 1;
+    return count;
+  };
+  auto signal_alive = [&](int sig) {
+    for (std::size_t r = 0; r < pids.size(); ++r)
+      if (!statuses[r]) ::kill(pids[r], sig);
+  };
+  while (alive() > 0) {
+    // Collect every rank that has ended since the last look; of several that failed at once,
+    // one killed by a signal (the cause) is named before one that failed because of it.
+    std::vector<int> ended;
+    for (std::size_t r = 0; r < pids.size(); ++r) {
+      if (statuses[r]) continue;
+      int st = 0;
+      const pid_t got = ::waitpid(pids[r], &st, WNOHANG);
+      if (got == pids[r]) statuses[r] = st, ended.push_back(static_cast<int>(r));
+    }
+    if (!first_failed) {
+      std::optional<int> pick;
+      for (int r : ended) {
+        const int st = *statuses[static_cast<std::size_t>(r)];
+        if (!failed(st)) continue;
+        if (!pick || (WIFSIGNALED(st) && !WIFSIGNALED(*statuses[static_cast<std::size_t>(*pick)]))) pick = r;
+      }
+      if (pick && g_forward_signal == 0 && !termed) {
+        first_failed = pick;
+        fmt::print(stderr, "baton launch: rank {} failed ({}); the other ranks get {:g} s to stop\n", *pick,
+                   status_text(*statuses[static_cast<std::size_t>(*pick)]),
+                   static_cast<double>(o.grace.count()) / 1000.0);
+        std::fflush(stderr);
+        term_at = SteadyClock::now() + o.grace;
+      }
+    }
+    if (const int sig = g_forward_signal.exchange(0); sig != 0) {
+      signal_alive(sig);
+      if (!term_at) term_at = SteadyClock::now() + o.grace;  // a second Ctrl-C is forwarded too
+    }
+    const auto now = SteadyClock::now();
+    if (term_at && !termed && now >= *term_at && alive() > 0) {
+      fmt::print(stderr, "baton launch: stopping the {} remaining rank(s) (SIGTERM)\n", alive());
+      signal_alive(SIGTERM);
+      termed = true;
+      kill_at = now + std::chrono::seconds(10);
+    }
+    if (kill_at && !killed && now >= *kill_at && alive() > 0) {
+      signal_alive(SIGKILL);
+      killed = true;
+    }
+    if (alive() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+
+  if (first_failed) {
+    std::vector<std::string> others;
+    for (std::size_t r = 0; r < pids.size(); ++r)
+      if (static_cast<int>(r) != *first_failed) others.push_back(fmt::format("rank {}: {}", r, status_text(*statuses[r])));
+    fmt::print(stderr, "baton launch: rank {} failed ({}){}{}\n", *first_failed,
+               status_text(*statuses[static_cast<std::size_t>(*first_failed)]), others.empty() ? "" : "; ",
+               fmt::join(others, ", "));
+    return 1;
+  }
+  // No rank failed on its own: all succeeded, or all stopped after a forwarded signal.
+  int code = 0;
+  for (const auto& st : statuses)
+    if (failed(*st)) code = WIFEXITED(*st) ? WEXITSTATUS(*st) : 128 + WTERMSIG(*st);
+  return code;
+}
+
+}  // namespace baton::cli

@@ -1,0 +1,407 @@
+// Data-parallel training on c10d (Gloo), loopback only: two ranks run as two threads of this
+// process (each its own process group over a FileStore), or as processes under `baton launch`.
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / fmt::format("baton-dist-{}-{}", name, ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+/// Runs `body(rank, group)` on `world` threads, each rank joined to its own Gloo group over a
+/// fresh FileStore; returns each rank's result (or the error of its join). No Catch assertions
+/// run off the main thread.
+template <class R>
+std::vector<baton::Expected<R>> on_ranks(int world, const std::function<baton::Expected<R>(int, std::shared_ptr<const baton::Distributed>)>& body,
+                                         std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  static int counter = 0;
+  const auto store = temp_dir(fmt::format("store{}", counter++)) / "store";
+  std::vector<baton::Expected<R>> results(static_cast<std::size_t>(world),
+                                          tl::unexpected(baton::Error{baton::ErrorCode::runtime, "not run", {}}));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto group = baton::Distributed::join(
+          {.rank = r, .world_size = world, .store_file = store, .timeout = timeout});
+      if (!group) {
+        results[static_cast<std::size_t>(r)] = tl::unexpected(group.error());
+        return;
+      }
+      results[static_cast<std::size_t>(r)] = body(r, *group);
+    });
+  for (auto& t : threads) t.join();
+  fs::remove_all(store.parent_path());
+  return results;
+}
+
+template <class R>
+R ok(baton::Expected<R> r) {
+  if (!r) FAIL(r.error().to_string());
+  return std::move(*r);
+}
+
+/// Without Dropout: in-process ranks share LibTorch's global generator, so the tests that compare
+/// against one process keep training free of random draws. BatchNorm is kept where buffers matter.
+baton::ModelFactory bn_mlp() {
+  return baton::model_factory([] {
+    namespace nn = torch::nn;
+    return nn::Sequential(nn::Linear(8, 16), nn::BatchNorm1d(16), nn::ReLU(), nn::Linear(16, 4));
+  });
+}
+baton::ModelFactory plain_mlp() {
+  return baton::model_factory([] {
+    namespace nn = torch::nn;
+    return nn::Sequential(nn::Linear(8, 32), nn::Tanh(), nn::Linear(32, 4));
+  });
+}
+
+/// Built on the main thread only: init_state draws from LibTorch's global generator, which the
+/// in-process ranks share (two threads building models at once would interleave their draws).
+baton::TrainState state_of(const baton::ModelFactory& f, std::uint64_t seed = 3) {
+  auto s = baton::init_state(f, {.seed = seed, .max_duration = baton::Time::epochs(10)});
+  REQUIRE(s.has_value());
+  return std::move(*s);
+}
+
+torch::Tensor flat_params(const baton::TrainState& s) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& [name, p] : s.named_parameters()) parts.push_back(p.detach().reshape({-1}).clone());
+  return torch::cat(parts);
+}
+
+/// An algorithm that records what each step does: the sample ids of the batch (column 0 of the
+/// inputs holds the id) and the parameters after the update.
+struct Recorder {
+  std::map<std::int64_t, std::vector<std::int64_t>> ids;   // global batch number -> this rank's ids
+  std::vector<torch::Tensor> params;                        // after every step
+  baton::Algorithm algorithm() {
+    baton::Algorithm a;
+    a.name = "recorder";
+    a.after_data = [this](const baton::AlgorithmContext& ctx, baton::Batch b) {
+      auto& v = ids[ctx.time.batch];
+      auto col = b.inputs.select(1, 0).round().to(torch::kLong);
+      for (std::int64_t i = 0; i < col.size(0); ++i) v.push_back(col[i].item<std::int64_t>());
+      return b;
+    };
+    a.batch_end = [this](const baton::AlgorithmContext&, const baton::TrainState& s, baton::Algorithm::Tensors&) {
+      params.push_back(flat_params(s));
+    };
+    return a;
+  }
+};
+
+/// Blobs whose first input column is the sample's id (the rest as test::blobs).
+baton::Dataset with_ids(std::int64_t n) {
+  auto d = test::blobs(n, 11);
+  auto x = d.inputs.clone();
+  x.select(1, 0).copy_(torch::arange(n, torch::kFloat));
+  return *baton::make_dataset(x, d.targets, "ids");
+}
+
+}  // namespace
+
+TEST_CASE("process group options come from the launcher's environment, with clear errors", "[distributed]") {
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("RANK", "5", 1);
+  auto bad = baton::dist_options_from_env();
+  REQUIRE_FALSE(bad.has_value());
+  CHECK_THAT(bad.error().message, Catch::Contains("RANK=\"5\""));
+  ::setenv("RANK", "1", 1);
+  ::setenv("MASTER_PORT", "12345", 1);
+  ::setenv("BATON_DIST_TIMEOUT", "7", 1);
+  ::unsetenv("LOCAL_RANK");
+  auto good = baton::dist_options_from_env();
+  REQUIRE(good.has_value());
+  CHECK(good->rank == 1);
+  CHECK(good->local_rank == 1);
+  CHECK(good->world_size == 2);
+  CHECK(good->master_port == 12345);
+  CHECK(good->timeout == std::chrono::seconds(7));
+  ::setenv("MASTER_PORT", "http", 1);
+  auto port = baton::dist_options_from_env();
+  REQUIRE_FALSE(port.has_value());
+  CHECK_THAT(port.error().message, Catch::Contains("MASTER_PORT"));
+  for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_PORT", "BATON_DIST_TIMEOUT"}) ::unsetenv(v);
+  auto missing = baton::dist_options_from_env();
+  REQUIRE_FALSE(missing.has_value());
+  CHECK_THAT(missing.error().message, Catch::Contains("WORLD_SIZE is not set"));
+  CHECK_FALSE(baton::launched_distributed());
+  auto wrong = baton::Distributed::join({.rank = 2, .world_size = 2});
+  REQUIRE_FALSE(wrong.has_value());
+  CHECK_THAT(wrong.error().message, Catch::Contains("rank 2 of world size 2"));
+}
+
+TEST_CASE("2 ranks: after every step the ranks' parameters are bitwise identical", "[distributed]") {
+  const auto data = test::blobs(300);  // batch 40: the last global batch (20) is cut 10 + 10
+  std::array<Recorder, 2> rec;
+  const auto init = state_of(bn_mlp());  // (models are built on the main thread: see state_of)
+  auto results = on_ranks<baton::TrainState>(2, [&](int r, std::shared_ptr<const baton::Distributed> g) {
+    auto spec = test::spec(data, baton::Time::epochs(2)).with_batch_size(40).with_distributed(g).with_algorithms(
+        {rec[static_cast<std::size_t>(r)].algorithm()});
+    // Different initial weights on rank 1: fit must start every rank from rank 0's.
+    baton::TrainState s = init;
+    if (r == 1) {
+      torch::NoGradGuard no_grad;
+      for (auto& [name, p] : s.named_parameters()) p.add_(0.1);
+    }
+    return baton::fit(spec, std::move(s));
+  });
+  auto s0 = ok(results[0]), s1 = ok(results[1]);
+  REQUIRE(rec[0].params.size() == 16);  // 8 batches per epoch
+  REQUIRE(rec[1].params.size() == rec[0].params.size());
+  for (std::size_t i = 0; i < rec[0].params.size(); ++i) {
+    INFO("step " << i);
+    REQUIRE(rec[0].params[i].equal(rec[1].params[i]));
+  }
+  CHECK_FALSE(rec[0].params.front().equal(rec[0].params.back()));  // it trained
+  // The whole states (buffers, optimizer moments, time) end equal too. (Not the RNG state here:
+  // in-process ranks share LibTorch's one global generator, which fit swaps in and out.)
+  REQUIRE(baton::bitwise_equal(s0, s1));
+  CHECK(s0.time.sample == 600);  // the timestamp counts global samples
+}
+
+TEST_CASE("2 ranks x batch 64 equal 1 rank x batch 128 within float tolerance after 50 steps", "[distributed]") {
+  const auto data = test::blobs(3001);  // 24 batches per epoch; the last has 57 samples: 29 + 28
+  struct Case {
+    std::string name;
+    baton::Optimizer opt;
+    std::int64_t grad_accum;
+    std::optional<double> clip;
+  };
+  for (const auto& c : {Case{"sgd momentum, grad accumulation 2, clip 0.5", baton::optim::sgd({.lr = 0.05, .momentum = 0.9}), 2, 0.5},
+                        Case{"adam", baton::optim::adam({.lr = 0.003}), 1, std::nullopt}}) {
+    SECTION(c.name) {
+      const auto spec = test::spec(data, baton::Time::batches(50))
+                            .with_batch_size(128)
+                            .with_optimizer(c.opt, baton::Carry::fresh)
+                            .with_grad_accum(c.grad_accum)
+                            .with_clip_grad_norm(c.clip);
+      const auto one = test::ok(baton::fit(spec, state_of(plain_mlp())));
+      const auto init = state_of(plain_mlp());
+      auto results = on_ranks<baton::TrainState>(2, [&](int, std::shared_ptr<const baton::Distributed> g) {
+        return baton::fit(spec.with_distributed(g), init);
+      });
+      auto two = ok(results[0]);
+      REQUIRE(baton::bitwise_equal(two, ok(results[1])));
+      CHECK(two.time.batch == 50);
+      CHECK(two.time.sample == one.time.sample);
+      const auto a = flat_params(one), b = flat_params(two);
+      const double diff = (a - b).abs().max().item<double>();
+      const double moved = (a - flat_params(state_of(plain_mlp()))).abs().max().item<double>();
+      INFO("max |1 rank - 2 ranks| = " << diff << ", max weight change " << moved);
+      CHECK(diff < 1e-5);  // measured: ~1e-7 (float summation order)
+      CHECK(moved > 1e-2);  // trained far more than the tolerance
+      CHECK(two.history.back().last_loss == Approx(one.history.back().last_loss).epsilon(1e-4));
+    }
+  }
+}
+
+TEST_CASE("resume a 2-rank run on 1 rank and on 2 ranks: every global batch holds the same sample ids", "[distributed]") {
+  const auto data = with_ids(500);  // batch 64: 8 batches per epoch, the last of 52 (26 + 26)
+  const auto dir = temp_dir("resume");
+  auto spec = test::spec(data, baton::Time::batches(30)).with_batch_size(64);
+  // The reference: one process, 30 steps.
+  Recorder ref;
+  test::ok(baton::fit(spec.with_algorithms({ref.algorithm()}), state_of(plain_mlp())));
+  REQUIRE(ref.ids.size() == 30);
+
+  // 2 ranks for 11 steps (into the second epoch); rank 0 writes a checkpoint at the end.
+  std::array<Recorder, 2> first;
+  const auto ckpt_spec = spec.with_duration(baton::Time::batches(11))
+                             .with_checkpoints({.dir = dir, .at_stage_end = true});
+  const auto init = state_of(plain_mlp());
+  auto r1 = on_ranks<baton::TrainState>(2, [&](int r, std::shared_ptr<const baton::Distributed> g) {
+    return baton::fit(ckpt_spec.with_distributed(g).with_algorithms({first[static_cast<std::size_t>(r)].algorithm()}), init);
+  });
+  ok(r1[0]), ok(r1[1]);
+  const auto ckpt = dir / "ckpt-0000000011-end.baton";
+  REQUIRE(fs::exists(ckpt));
+
+  // Resume on 1 rank and on 2 ranks, to batch 30.
+  Recorder single;
+  auto loaded = baton::load_checkpoint(ckpt, plain_mlp());
+  REQUIRE(loaded.has_value());
+  const auto rest = spec.with_duration(baton::Time::batches(19));
+  const auto one = test::ok(baton::fit(rest.with_algorithms({single.algorithm()}), *loaded));
+  std::array<Recorder, 2> second;
+  auto r2 = on_ranks<baton::TrainState>(2, [&](int r, std::shared_ptr<const baton::Distributed> g) {
+    return baton::fit(rest.with_distributed(g).with_algorithms({second[static_cast<std::size_t>(r)].algorithm()}), *loaded);
+  });
+  const auto two = ok(r2[0]);
+  CHECK(one.time.batch == 30);
+  CHECK(two.time.batch == 30);
+  CHECK(two.time.sample == one.time.sample);
+
+  auto sorted = [](std::vector<std::int64_t> v) { return std::sort(v.begin(), v.end()), v; };
+  for (std::int64_t b = 0; b < 30; ++b) {
+    INFO("global batch " << b);
+    const auto& expected = ref.ids.at(b);
+    if (b < 11) {
+      // Each rank's shard is a contiguous piece of the global batch, rank 0's first.
+      std::vector<std::int64_t> joined = first[0].ids.at(b);
+      joined.insert(joined.end(), first[1].ids.at(b).begin(), first[1].ids.at(b).end());
+      CHECK(joined == expected);
+      CHECK(first[0].ids.at(b).size() == (expected.size() + 1) / 2);
+    } else {
+      CHECK(single.ids.at(b) == expected);
+      std::vector<std::int64_t> joined = second[0].ids.at(b);
+      joined.insert(joined.end(), second[1].ids.at(b).begin(), second[1].ids.at(b).end());
+      CHECK(joined == expected);
+    }
+    CHECK(sorted(expected).size() == std::set<std::int64_t>(expected.begin(), expected.end()).size());
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("ranks that start from different states fail with an error naming both positions, no hang", "[distributed]") {
+  const auto data = test::blobs(200);
+  const auto spec = test::spec(data, baton::Time::batches(3)).with_batch_size(20);
+  const auto init = state_of(plain_mlp());
+  const auto ahead = test::ok(baton::fit(spec.with_duration(baton::Time::batches(1)), init));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = on_ranks<baton::TrainState>(2, [&](int r, std::shared_ptr<const baton::Distributed> g) {
+    return baton::fit(spec.with_distributed(g), r == 0 ? init : ahead);
+  });
+  REQUIRE_FALSE(results[1].has_value());
+  CHECK_THAT(results[1].error().message, Catch::Contains("rank 1 starts at batch 1") && Catch::Contains("rank 0 at batch 0") &&
+                                             Catch::Contains("the same checkpoint"));
+  // Rank 0 learns that its peer left at its next collective, long before the 30 s timeout.
+  REQUIRE_FALSE(results[0].has_value());
+  CHECK_THAT(results[0].error().message, Catch::Contains("distributed: rank 0 of 2"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(25));
+}
+
+TEST_CASE("a rank that hangs makes the other fail with an error when the timeout expires", "[distributed]") {
+  const auto data = test::blobs(200);
+  const auto spec = test::spec(data, baton::Time::batches(5)).with_batch_size(20);
+  const auto init = state_of(plain_mlp());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = on_ranks<double>(
+      2,
+      [&](int r, std::shared_ptr<const baton::Distributed> g) -> baton::Expected<double> {
+        if (r == 1) {  // joined, then silent for longer than the timeout
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return 0.0;
+        }
+        auto s = baton::fit(spec.with_distributed(g), init);
+        if (s) return 0.0;
+        return tl::unexpected(s.error());
+      },
+      std::chrono::seconds(2));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_FALSE(results[0].has_value());
+  CHECK_THAT(results[0].error().message, Catch::Contains("rank 0 of 2") && Catch::Contains("timeout, 2 s"));
+  CHECK(waited < 15);
+}
+
+TEST_CASE("evaluation across 2 ranks equals one process's metrics", "[distributed]") {
+  const auto test_set = test::blobs(301, 5, "test");  // 151 + 150 samples
+  const auto state = state_of(bn_mlp());
+  const baton::EvalSpec spec{.sets = {{"test", test_set}}, .batch_size = 64, .top_k = {2}};
+  const auto one = baton::eval(spec, state);
+  REQUIRE(one.has_value());
+  auto results = on_ranks<baton::Metrics>(2, [&](int, std::shared_ptr<const baton::Distributed> g) {
+    baton::EvalSpec s = spec;
+    s.distributed = g;
+    return baton::eval(s, state);
+  });
+  for (int r = 0; r < 2; ++r) {
+    const auto m = ok(results[static_cast<std::size_t>(r)]);
+    CHECK(m.at("test").at("accuracy") == one->at("test").at("accuracy"));
+    CHECK(m.at("test").at("top2_accuracy") == one->at("test").at("top2_accuracy"));
+    CHECK(m.at("test").at("loss") == Approx(one->at("test").at("loss")).epsilon(1e-6));
+  }
+}
+
+namespace {
+struct Proc {
+  int rc;
+  std::string out;  // stdout and stderr
+  double seconds;
+};
+
+Proc shell(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+const char* kDistToml = R"(
+[run]
+name = "dist"
+seed = 4
+max_duration = "30ep"
+checkpoint_every = "100ba"
+[model]
+name = "mlp"
+widths = [8, 16, 4]
+[datasets.train]
+kind = "synthetic"
+samples = 200
+[defaults]
+batch_size = 10
+optimizer = { name = "sgd", lr = 0.01, momentum = 0.9 }
+[[stages]]
+name = "main"
+duration = "30ep"
+)";
+}  // namespace
+
+TEST_CASE("kill one rank: the other stops with the error within the timeout, the launcher names it, a re-run resumes",
+          "[distributed][launch]") {
+  const auto dir = temp_dir("kill");
+  std::ofstream(dir / "c.toml") << kDistToml;
+  const auto run_dir = dir / "run";
+  const std::string run = fmt::format("{} run {} --run-dir {}", BATON_EXE, (dir / "c.toml").string(), run_dir.string());
+  // Rank 1 is killed with SIGKILL as soon as the first checkpoint exists: in the middle of training.
+  const auto first_ckpt = run_dir / "checkpoints" / "ckpt-0000000100.baton";
+  const std::string script = fmt::format(
+      "if [ \"$RANK\" = 1 ]; then (while [ ! -e {} ]; do sleep 0.02; done; kill -9 $$) & fi; exec {}", first_ckpt.string(), run);
+  const auto killed = shell(fmt::format("BATON_DIST_TIMEOUT=20 {} launch -n 2 --grace 60 -- sh -c '{}'", BATON_EXE, script));
+  INFO(killed.out);
+  CHECK(killed.rc == 1);
+  CHECK_THAT(killed.out, Catch::Contains("baton launch: rank 1 failed (killed by signal 9"));
+  // Rank 0 stopped by itself, with an error that says what happened, well within the timeout.
+  CHECK_THAT(killed.out, Catch::Contains("distributed: rank 0 of 2: the ") && Catch::Contains("Another rank has died"));
+  CHECK_THAT(killed.out, Catch::Contains("rank 0: exit code 1"));
+  CHECK_FALSE(killed.out.find("remaining rank") != std::string::npos);  // no SIGTERM was needed
+  CHECK(killed.seconds < 20);
+  REQUIRE_FALSE(fs::is_empty(run_dir / "checkpoints"));
+  CHECK_FALSE(fs::exists(run_dir / "final.baton"));
+
+  // Running again resumes from the last checkpoint and finishes; only rank 0 wrote files.
+  const auto again = shell(run + " --nproc 2");
+  INFO(again.out);
+  CHECK(again.rc == 0);
+  CHECK_THAT(again.out, Catch::Contains("resuming from " + (run_dir / "checkpoints").string()));
+  CHECK(fs::exists(run_dir / "final.baton"));
+  CHECK_FALSE(fs::exists(run_dir / "rank-1"));
+  fs::remove_all(dir);
+}
