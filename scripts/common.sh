@@ -9,7 +9,8 @@ BUILD_DIR="${BATON_BUILD_DIR:-$ROOT/build}"
 # Catch2 for tests and the Fashion-MNIST data set.
 PACKAGES=(g++ cmake ninja-build ccache git
           libtorch-dev libopenblas0 libexpected-dev librange-v3-dev libtomlplusplus-dev
-          libfmt-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev catch2 dataset-fashion-mnist)
+          libfmt-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev catch2 dataset-fashion-mnist
+          clang-14 libclang-rt-14-dev llvm-14)  # clang/libFuzzer/llvm-symbolizer: scripts/fuzz.sh
 
 ensure_packages() {
   local missing=()
