@@ -20,6 +20,7 @@
 #include "baton/cli.hpp"
 #include "baton/fit.hpp"
 #include "baton/runtime.hpp"
+#include "run_lock.hpp"
 
 namespace baton::cli {
 namespace {
@@ -276,6 +277,9 @@ int run(const RunArgs& a, const Registry& registry) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return report(Error{ErrorCode::io, fmt::format("{}: cannot create the run directory: {}", dir.string(), ec.message()), {}});
+  // One writer per run directory, held until run() returns (docs/bad-inputs.md).
+  auto lock = RunLock::acquire(dir);
+  if (!lock) return report(lock.error());
   fmt::print("run \"{}\": {} stages, max duration {}, run directory {}\n", cur->run().name, cur->stages().size(),
              cur->run().max_duration.to_string(), dir.string());
 
@@ -385,6 +389,9 @@ int run(const RunArgs& a, const Registry& registry) {
         stopped = true;
       }
     }
+    if (const auto& h = state->history; !h.empty() && h.back().skipped_batches > 0)
+      progress.line(fmt::format("[{}] {} batches skipped: non-finite loss or gradients (on_non_finite = \"skip\")",
+                                spec->name, h.back().skipped_batches));
     progress.finish_stage();
     row.metrics = cli_logger->last;
     row.end = state->time;
