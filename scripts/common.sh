@@ -9,7 +9,8 @@ BUILD_DIR="${BATON_BUILD_DIR:-$ROOT/build}"
 # Catch2 for tests and the Fashion-MNIST data set.
 PACKAGES=(g++ cmake ninja-build ccache git
           libtorch-dev libopenblas0 libexpected-dev librange-v3-dev libtomlplusplus-dev
-          libfmt-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev catch2 dataset-fashion-mnist)
+          libfmt-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev catch2 dataset-fashion-mnist
+          clang-14 libclang-rt-14-dev llvm-14)  # clang/libFuzzer/llvm-symbolizer: scripts/fuzz.sh
 # The report's browser test (tests/report_test.cpp, tag [browser]) opens reports in headless Chromium.
 PACKAGES+=(chromium)
 # Gloo's headers, for c10d's ProcessGroupGloo (data-parallel training, src/distributed.cpp).
@@ -32,6 +33,8 @@ ensure_packages() {
 build() {
   # ccache across rebuilds; the sloppiness settings let it cache precompiled-header users.
   export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  # Paths under the checkout hash as relative ones: a fresh clone elsewhere reuses the cache.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
   local jobs
   jobs="$(nproc 2>/dev/null || echo 2)"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \

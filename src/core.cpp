@@ -103,7 +103,13 @@ Expected<Time> Time::parse(std::string_view text) {
 }
 
 std::string Time::to_string() const {
-  if (unit == TimeUnit::duration) return fmt::format("{}dur", value);
+  if (unit == TimeUnit::duration) {
+    // Fixed notation ("0.00001dur", never "1e-05dur", which parse rejects); parse allows 15 decimals.
+    std::string text = fmt::format("{:.15f}", value);
+    while (text.back() == '0') text.pop_back();
+    if (text.back() == '.') text.pop_back();
+    return text + "dur";
+  }
   return fmt::format("{}{}", count(), unit_suffix(unit));
 }
 

@@ -122,9 +122,10 @@ Expected<torch::Tensor> read_idx(const std::filesystem::path& path) {
   for (std::size_t i = 0; i < rank; ++i) {
     const std::uint32_t d = be32(&b[4 + 4 * i]);
     dims.push_back(d);
-    count *= d;
-    if (count > (std::uint64_t{1} << 40))
+    // Checked before multiplying: count * d could wrap around 2^64 and pass the size checks below.
+    if (d != 0 && count > (std::uint64_t{1} << 40) / d)
       return fail(ErrorCode::data, fmt::format("{}: header claims more than 2^40 elements", where));
+    count *= d;
   }
   const std::size_t header = 4 + 4 * rank;
   const std::uint64_t need = count * elem;
@@ -138,7 +139,9 @@ Expected<torch::Tensor> read_idx(const std::filesystem::path& path) {
   auto t = torch::empty(dims, torch::TensorOptions().dtype(type));
   auto* dst = static_cast<unsigned char*>(t.data_ptr());
   const unsigned char* src = b.data() + header;
-  if (elem == 1) {
+  if (need == 0) {
+    // an empty tensor may have no storage at all: memcpy to its null pointer is undefined
+  } else if (elem == 1) {
     std::memcpy(dst, src, need);
   } else {  // IDX is big-endian
     for (std::uint64_t i = 0; i < count; ++i)

@@ -1,5 +1,7 @@
 #pragma once
 // Typed reads from a Params table, collecting every problem, and an unknown-key check.
+#include <cmath>
+#include <cstdint>
 #include <set>
 
 #include <fmt/format.h>
@@ -25,6 +27,17 @@ class ParamReader {
     if (const auto* d = std::get_if<double>(&it->second)) return *d;
     problem(fmt::format("{}.{}: expected a number", what_, key));
     return fallback;
+  }
+  /// A whole number in [min, max] (sizes, counts, seeds): a fraction, a non-finite value or one
+  /// out of range is a problem (and never reaches an integer conversion, where it would be UB).
+  std::int64_t whole(const std::string& key, std::int64_t fallback, std::int64_t min,
+                     std::int64_t max = std::int64_t{1} << 53) {
+    const double v = number(key, static_cast<double>(fallback));
+    if (!(v >= static_cast<double>(min) && v <= static_cast<double>(max)) || v != std::floor(v)) {
+      problem(fmt::format("{}.{}: expected a whole number from {} to {}, got {}", what_, key, min, max, v));
+      return fallback;
+    }
+    return static_cast<std::int64_t>(v);
   }
   bool flag(const std::string& key, bool fallback) {
     seen_.push_back(key);

@@ -35,7 +35,7 @@ TEST_CASE("continuing a stage after a split equals the unsplit stage (Adam, run-
   REQUIRE(split.history.size() == 1);
 }
 
-TEST_CASE("fresh moments equal a state whose optimizer state was reset; keep differs", "[carry]") {
+TEST_CASE("fresh moments equal a state whose optimizer state was reset -- keep differs", "[carry]") {
   const auto s = ok(baton::fit(stage("a", Time::epochs(1)), test::new_state()));
   REQUIRE_FALSE(s.optimizer.params.empty());
   const auto b = stage("b", Time::epochs(1)).with_lr(0.02);
@@ -52,7 +52,7 @@ TEST_CASE("fresh moments equal a state whose optimizer state was reset; keep dif
   require_same_bits(first, fresh);
 }
 
-TEST_CASE("the stage clock restarts at each stage; the run clock continues", "[carry][schedule]") {
+TEST_CASE("the stage clock restarts at each stage -- the run clock continues", "[carry][schedule]") {
   const auto s = ok(baton::fit(stage("a", Time::batches(10)), test::new_state()));  // lr 0.05
   const auto sched = baton::schedule::linear(1.0, 0.0, Time::batches(20));
   for (Clock clock : {Clock::stage, Clock::run}) {
@@ -87,7 +87,7 @@ TEST_CASE("re-initializing the model gives fresh weights seeded by run and stage
   CHECK((param(r1, "0.weight") - param(s, "0.weight")).abs().max().item<double>() > 0.05);
 }
 
-TEST_CASE("a new dataset in a later stage starts a clean epoch; split invariance holds within it", "[carry][data]") {
+TEST_CASE("a new dataset in a later stage starts a clean epoch -- split invariance holds within it", "[carry][data]") {
   const auto other = test::blobs(500, 99, "other");
   const auto s = ok(baton::fit(stage("a", Time::batches(45)), test::new_state(1, Time::epochs(10))));
   CHECK(s.time.epoch == 1);
@@ -127,7 +127,7 @@ TEST_CASE("gradient accumulation gives the update of the whole batch", "[carry][
   CHECK_FALSE(test::spec(data(), Time::epochs(1)).with_grad_accum(33).validate());
 }
 
-TEST_CASE("clipping bounds the global norm and every value; the pre-clip norm is reported", "[carry][clip]") {
+TEST_CASE("clipping bounds the global norm and every value -- the pre-clip norm is reported", "[carry][clip]") {
   auto sp = test::spec(data(), Time::batches(1))
                 .with_optimizer(baton::optim::sgd({.lr = 1.0}), Carry::fresh)
                 .with_data({.train = data(), .batch_size = 32, .shuffle = false});

@@ -170,7 +170,7 @@ void require_error(const baton::Expected<baton::TrainState>& r, ErrorCode code, 
 }
 }  // namespace
 
-TEST_CASE("a loaded checkpoint is the saved state; loading leaves the caller's RNG alone", "[checkpoint]") {
+TEST_CASE("a loaded checkpoint is the saved state -- loading leaves the caller's RNG alone", "[checkpoint]") {
   TempDir dir;
   const auto s = ok(baton::fit(test::spec(data(), Time::batches(45)), test::new_state()));
   REQUIRE(s.time.batch_in_epoch == 13);

@@ -274,7 +274,7 @@ optimizer_carry = "fresh"
 )";
 }  // namespace
 
-TEST_CASE("Ctrl-C checkpoints and exits 3; running again resumes to the same bits", "[cli][resume]") {
+TEST_CASE("Ctrl-C checkpoints and exits 3 -- running again resumes to the same bits", "[cli][resume]") {
   const auto dir = temp_dir("sigint");
   std::ofstream(dir / "long.toml") << kLong;
   const auto file = (dir / "long.toml").string();

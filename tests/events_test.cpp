@@ -430,7 +430,7 @@ TEST_CASE("non-finite loss: error, skip or stop, as the spec says", "[events][no
   }
 }
 
-TEST_CASE("checkpoints from the spec: intervals, stage end, interruption; resuming each is bit-exact", "[events][checkpoint]") {
+TEST_CASE("checkpoints from the spec: intervals, stage end, interruption -- resuming each is bit-exact", "[events][checkpoint]") {
   const auto data = test::blobs(100);
   TempDir dir;
   const auto spec = test::spec(data, baton::Time::epochs(2))

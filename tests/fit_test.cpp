@@ -58,7 +58,7 @@ TEST_CASE("fit leaves a state passed by copy bit-identical", "[fit][property]") 
   CHECK(trained.history.back().end.epoch == 1);
 }
 
-TEST_CASE("a copy trained two ways branches; the original is intact", "[fit][property]") {
+TEST_CASE("a copy trained two ways branches -- the original is intact", "[fit][property]") {
   const auto root = ok(baton::fit(spec(Time::epochs(1)), test::new_state()));
   const baton::TrainState snapshot = root;
   auto a = ok(baton::fit(spec(Time::epochs(1)), root));
@@ -78,7 +78,7 @@ TEST_CASE("the same seed gives the same bits, another seed other bits", "[fit][p
   CHECK_FALSE(baton::bitwise_equal(run(11), other_order));
 }
 
-TEST_CASE("a run never trains past its max duration; a finished run is a clean error", "[fit]") {
+TEST_CASE("a run never trains past its max duration -- a finished run is a clean error", "[fit]") {
   auto s = ok(baton::fit(spec(Time::epochs(10)), test::new_state(1, Time::epochs(3))));
   CHECK(s.time.epoch == 3);
   CHECK(s.time.batch == 96);
@@ -121,7 +121,7 @@ TEST_CASE("drop_last and a batch size changed mid-epoch", "[fit]") {
   CHECK(t.time.batch == 10 + 7 + 4);    // 680 left of epoch 0 in 100s, then 320 in 100s
 }
 
-TEST_CASE("a non-finite loss stops fit at that batch; the caller's state is intact", "[fit][errors]") {
+TEST_CASE("a non-finite loss stops fit at that batch -- the caller's state is intact", "[fit][errors]") {
   auto x = data().inputs.clone();
   x[40][0] = std::numeric_limits<float>::quiet_NaN();
   const auto bad = *baton::make_dataset(x, data().targets, "with-nan");
@@ -201,7 +201,7 @@ TEST_CASE("train_step is one pure step, equal to fit(1ba)", "[fit][step]") {
   CHECK(bad.error().code == baton::ErrorCode::shape_mismatch);
 }
 
-TEST_CASE("stages chain with and_then; the first error stops the chain with its stage", "[fit][stage]") {
+TEST_CASE("stages chain with and_then -- the first error stops the chain with its stage", "[fit][stage]") {
   const auto warm = spec(Time::epochs(1)).with_name("warmup");
   const auto bad = warm.with_name("broken").with_batch_size(-1);
   const auto never = warm.with_name("never");
@@ -248,7 +248,7 @@ TEST_CASE("training converges on real Fashion-MNIST data, and splits there give 
   require_same_bits(trained, split);
 }
 
-TEST_CASE("a fit asked to stop returns the state reached, marked interrupted; handlers are scoped", "[fit][interrupt]") {
+TEST_CASE("a fit asked to stop returns the state reached, marked interrupted -- handlers are scoped", "[fit][interrupt]") {
   const auto whole = ok(baton::fit(spec(Time::epochs(1)), test::new_state()));
   // A stop flag set during batch 5: the batch in flight finishes, then fit returns.
   auto flag = std::make_shared<std::atomic<bool>>(false);

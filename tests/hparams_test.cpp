@@ -88,7 +88,7 @@ TEST_CASE("a TOML curriculum and the same curriculum in C++ give the same bits",
   CHECK(from_toml.history.size() == 2);
 }
 
-TEST_CASE("stages inherit from defaults and earlier stages; optimizer tables merge by name", "[hparams]") {
+TEST_CASE("stages inherit from defaults and earlier stages -- optimizer tables merge by name", "[hparams]") {
   const auto cur = parse(std::string(kTwoStages) + R"(
 [[stages]]
 name = "inherits"

@@ -27,7 +27,7 @@ TEST_CASE("init_state is a function of the seed and leaves the global RNG alone"
   CHECK_FALSE(a.finished());
 }
 
-TEST_CASE("copying a state is deep; moving it is free", "[state]") {
+TEST_CASE("copying a state is deep -- moving it is free", "[state]") {
   auto a = test::new_state();
   auto copy = a;
   CHECK(baton::bitwise_equal(a, copy));

@@ -15,7 +15,8 @@ TEST_CASE("durations parse with their unit", "[time]") {
 }
 
 TEST_CASE("duration text round-trips", "[time]") {
-  for (const char* text : {"3ep", "500ba", "12000sp", "0.25dur", "0.1dur", "0ep"}) {
+  for (const char* text : {"3ep", "500ba", "12000sp", "0.25dur", "0.1dur", "0ep",
+                           "0.00001dur", "0.123456789012345dur"}) {
     auto t = Time::parse(text);
     REQUIRE(t);
     CHECK(t->to_string() == text);

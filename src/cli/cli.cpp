@@ -23,6 +23,7 @@
 #include "baton/runtime.hpp"
 #include "report.hpp"
 #include "launch.hpp"
+#include "run_lock.hpp"
 
 namespace baton::cli {
 namespace {
@@ -271,6 +272,14 @@ int run(const RunArgs& a, const Registry& registry) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return report(Error{ErrorCode::io, fmt::format("{}: cannot create the run directory: {}", dir.string(), ec.message()), {}});
+  // One writer per run directory, held until run() returns (docs/bad-inputs.md). Under a
+  // launcher the ranks are one run: rank 0, the one that writes, holds it.
+  std::optional<RunLock> lock;
+  if (lead) {
+    auto held = RunLock::acquire(dir);
+    if (!held) return report(held.error());
+    lock.emplace(std::move(*held));
+  }
   fmt::print("run \"{}\": {} stages, max duration {}, run directory {}\n", cur->run().name, cur->stages().size(),
              cur->run().max_duration.to_string(), dir.string());
 
@@ -394,6 +403,9 @@ int run(const RunArgs& a, const Registry& registry) {
         stopped = true;
       }
     }
+    if (const auto& h = state->history; !h.empty() && h.back().skipped_batches > 0)
+      progress.line(fmt::format("[{}] {} batches skipped: non-finite loss or gradients (on_non_finite = \"skip\")",
+                                spec->name, h.back().skipped_batches));
     progress.finish_stage();
     row.metrics = cli_logger->last;
     row.end = state->time;
