@@ -69,7 +69,7 @@ int side(int threads, std::int64_t batches, int reps) {
   if (!st) die("init_state", st.error());
   auto state = std::move(*st);
   auto train = [&](std::int64_t n) {
-    auto r = baton::fit(spec.with_duration(baton::Time::batches(n)), std::move(state));
+    auto r = baton::fit(spec, std::move(state), baton::Time::batches(n));  // the default stage: the whole run
     if (!r) die("fit", r.error());
     state = std::move(*r);
   };

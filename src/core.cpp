@@ -325,7 +325,6 @@ BATON_WITH(with_evaluation, evaluation, std::optional<EvalSchedule>)
 BATON_WITH(with_checkpoints, checkpoints, CheckpointPolicy)
 BATON_WITH(with_non_finite, on_non_finite, NonFinite)
 BATON_WITH(with_distributed, distributed, std::shared_ptr<const Distributed>)
-BATON_WITH(with_duration_anchor, duration_anchor, Anchor)
 #undef BATON_WITH
 
 TrainingSpec TrainingSpec::with_schedule(Schedule v, Clock clock) const {

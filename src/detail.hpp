@@ -45,9 +45,6 @@ auto guard(F&& f) -> decltype(f()) {
   }
 }
 
-/// Has `t` reached the max duration `max` (in ep, ba or sp)?
-bool reached_max(const Timestamp& t, Time max);
-
 /// "[128, 10]"
 std::string shape_string(const torch::Tensor& t);
 

@@ -6,6 +6,7 @@
 #include "baton/model.hpp"
 #include "baton/state.hpp"
 #include "detail.hpp"
+#include "train/horizon.hpp"
 
 namespace baton {
 namespace detail {
@@ -104,16 +105,6 @@ TrainState& TrainState::operator=(const TrainState& o) {
 }
 
 bool TrainState::finished() const { return detail::reached_max(time, max_duration); }
-
-bool detail::reached_max(const Timestamp& t, Time max) {
-  switch (max.unit) {
-    case TimeUnit::epoch: return t.epoch >= max.count();
-    case TimeUnit::batch: return t.batch >= max.count();
-    case TimeUnit::sample: return t.sample >= max.count();
-    case TimeUnit::duration: return true;  // rejected by init_state
-  }
-  return true;
-}
 
 std::vector<std::pair<std::string, torch::Tensor>> TrainState::named_parameters() const {
   if (!model.module) return {};

@@ -29,7 +29,7 @@ TEST_CASE("continuing a stage after a split equals the unsplit stage (Adam, run-
                      .with_optimizer(baton::optim::adam({.lr = 1e-2}), Carry::fresh)
                      .with_schedule(baton::schedule::linear_warmup(Time::batches(8), baton::schedule::cosine()), Clock::run);
   const auto whole = ok(baton::fit(a, test::new_state()));
-  auto split = ok(baton::fit(a.with_duration(Time::batches(40)), test::new_state()));
+  auto split = ok(baton::fit(a, test::new_state(), Time::batches(40)));
   split = ok(baton::fit(a, std::move(split)));
   require_same_bits(whole, split);
   REQUIRE(split.history.size() == 1);
@@ -47,8 +47,8 @@ TEST_CASE("fresh moments equal a state whose optimizer state was reset -- keep d
   const auto kept = ok(baton::fit(b.with_optimizer_carry(Carry::keep), s));
   CHECK_FALSE(baton::bitwise_equal(kept, fresh));
   // A continued stage keeps its moments whatever its carry says: carry applies when a stage begins.
-  auto first = ok(baton::fit(b.with_optimizer_carry(Carry::fresh).with_duration(Time::batches(5)), s));
-  first = ok(baton::fit(b.with_optimizer_carry(Carry::fresh).with_duration(Time::batches(27)), std::move(first)));
+  auto first = ok(baton::fit(b.with_optimizer_carry(Carry::fresh), s, Time::batches(5)));
+  first = ok(baton::fit(b.with_optimizer_carry(Carry::fresh), std::move(first)));
   require_same_bits(first, fresh);
 }
 
@@ -56,7 +56,7 @@ TEST_CASE("the stage clock restarts at each stage -- the run clock continues", "
   const auto s = ok(baton::fit(stage("a", Time::batches(10)), test::new_state()));  // lr 0.05
   const auto sched = baton::schedule::linear(1.0, 0.0, Time::batches(20));
   for (Clock clock : {Clock::stage, Clock::run}) {
-    const auto b = stage("b", Time::batches(1)).with_lr(0.1).with_schedule(sched, clock);
+    const auto b = stage("b", Time::batches(10)).with_lr(0.1).with_schedule(sched, clock);
     auto t = s;
     for (int k = 0; k < 10; ++k) {
       const double step_on_clock = clock == Clock::stage ? k : 10 + k;
@@ -65,13 +65,13 @@ TEST_CASE("the stage clock restarts at each stage -- the run clock continues", "
       auto lr = baton::scheduled_lr(b, t);
       REQUIRE(lr);
       CHECK(*lr == Approx(expected).margin(1e-15));
-      t = ok(baton::fit(b, std::move(t)));
+      t = ok(baton::fit(b, std::move(t), Time::batches(1)));
       CHECK(t.history.back().last_lr == Approx(expected).margin(1e-15));
     }
   }
   // dur on the stage clock is a fraction of the stage's duration.
   const auto c = stage("c", Time::batches(10)).with_schedule(baton::schedule::linear(1.0, 0.0, Time::fraction(1.0)), Clock::stage);
-  auto half = ok(baton::fit(c.with_duration(Time::batches(5)), s));
+  auto half = ok(baton::fit(c, s, Time::batches(5)));
   CHECK(*baton::scheduled_lr(c, half) == Approx(0.05 * 0.5));
 }
 
@@ -99,12 +99,13 @@ TEST_CASE("a new dataset in a later stage starts a clean epoch -- split invarian
   CHECK(whole.time.epoch == 5);
   CHECK(whole.time.batch == 45 + 30);
   CHECK(whole.time.sample == (31 * 32 + 8) + 13 * 32 + 1500);  // epoch 0 ends with a batch of 8
-  auto split = ok(baton::fit(b.with_duration(Time::epochs(1)), s));
-  split = ok(baton::fit(b.with_duration(Time::batches(7)), std::move(split)));
+  auto split = ok(baton::fit(b, s, Time::epochs(1)));
+  split = ok(baton::fit(b, std::move(split), Time::batches(7)));
+  require_same_bits(whole, ok(baton::fit(b, split)));
+  // The same stage written longer (the rest of the run) continues to the max duration.
   split = ok(baton::fit(b.with_duration(Time::fraction(1.0)), std::move(split)));
-  CHECK(split.time.epoch == 10);  // the last fit ran to the max duration
-  const auto to_five = ok(baton::fit(b.with_duration(Time::epochs(2)),
-                                     ok(baton::fit(b.with_duration(Time::epochs(1)), s))));
+  CHECK(split.time.epoch == 10);
+  const auto to_five = ok(baton::fit(b, ok(baton::fit(b, s, Time::epochs(1))), Time::epochs(2)));
   require_same_bits(whole, to_five);
 }
 
@@ -244,14 +245,14 @@ TEST_CASE("pretrain, swap the head, freeze the backbone, then fine-tune all with
   CHECK(m->at("test").at("accuracy") > 0.78);
 }
 
-TEST_CASE("a stage trained in pieces with fit(spec, state, n) equals one fit, stage-clock schedules included", "[carry][schedule]") {
+TEST_CASE("a stage trained in pieces with fit(spec, state, budget) equals one fit, stage-clock schedules included", "[carry][schedule]") {
   const auto sp = stage("s", Time::epochs(2))
                       .with_schedule(baton::schedule::linear_warmup(Time::fraction(0.2), baton::schedule::cosine()), Clock::stage);
   const auto whole = ok(baton::fit(sp, test::new_state()));
   auto pieces = test::new_state();
-  for (std::int64_t n : {1, 7, 13, 3, 40}) pieces = ok(baton::fit(sp, std::move(pieces), n));
+  for (std::int64_t n : {1, 7, 13, 3, 40}) pieces = ok(baton::fit(sp, std::move(pieces), Time::batches(n)));
   CHECK(pieces.time.batch == 64);
   require_same_bits(whole, pieces);
   CHECK(pieces.history.back().last_lr == whole.history.back().last_lr);
-  CHECK_FALSE(baton::fit(sp, test::new_state(), -1));
+  CHECK_FALSE(baton::fit(sp, test::new_state(), Time{-1, baton::TimeUnit::batch}));
 }

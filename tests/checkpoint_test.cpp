@@ -33,28 +33,7 @@ const baton::Dataset& data() {
   return d;
 }
 
-/// A fresh directory, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("baton-ckpt-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  [[nodiscard]] std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
+using test::TempDir;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -217,17 +196,17 @@ TEST_CASE("resuming from a checkpoint equals the uninterrupted run wherever it w
   // batch, 64 after it (the next fit begins stage b).
   for (std::int64_t k : {32, 45, 63, 64}) {
     INFO("saved after batch " << k << " of stage a");
-    auto s = reload(ok(baton::fit(a.with_duration(Time::batches(k)), test::new_state())), dir.path / "a.baton");
-    if (k < 64) s = ok(baton::fit(a.with_duration(Time::batches(64 - k)), std::move(s)));
+    auto s = reload(ok(baton::fit(a, test::new_state(), Time::batches(k))), dir.path / "a.baton");
+    if (k < 64) s = ok(baton::fit(a, std::move(s), Time::batches(64 - k)));
     require_same_run(ok(baton::fit(b, std::move(s))), whole);
   }
   {
     INFO("saved after the first batch of stage b");
-    auto s = ok(baton::fit(b.with_duration(Time::batches(1)), ok(baton::fit(a, test::new_state()))));
+    auto s = ok(baton::fit(b, ok(baton::fit(a, test::new_state())), Time::batches(1)));
     REQUIRE(s.stage == "b");
     REQUIRE(s.history.back().transfer);
     s = reload(s, dir.path / "b.baton");
-    require_same_run(ok(baton::fit(b.with_duration(Time::batches(31)), std::move(s))), whole);
+    require_same_run(ok(baton::fit(b, std::move(s), Time::batches(31))), whole);
   }
 }
 
@@ -240,10 +219,10 @@ TEST_CASE("three save/load/resume cycles with Adam and gradient accumulation equ
   const auto whole = ok(baton::fit(c, test::new_state()));
   auto s = test::new_state();
   for (std::int64_t k : {5, 27, 18}) {  // the same file is replaced each time
-    s = reload(ok(baton::fit(c.with_duration(Time::batches(k)), std::move(s))), dir.path / "c.baton");
+    s = reload(ok(baton::fit(c, std::move(s), Time::batches(k))), dir.path / "c.baton");
     REQUIRE(s.optimizer.kind == "adam");
   }
-  s = ok(baton::fit(c.with_duration(Time::batches(64 - 50)), std::move(s)));
+  s = ok(baton::fit(c, std::move(s), Time::batches(64 - 50)));
   require_same_run(s, whole);
   // Adam keeps amsgrad's slot undefined: an undefined slot survives the round trip as such.
   const auto& slots = s.optimizer.params.at("0.weight").slots;
@@ -283,7 +262,7 @@ TEST_CASE("params_sha256 is a function of the parameters and buffers", "[checkpo
   CHECK(h.find_first_not_of("0123456789abcdef") == std::string::npos);
   CHECK(baton::params_sha256(baton::TrainState(s)) == h);
   CHECK(baton::params_sha256(reload(s, dir.path / "c.baton")) == h);
-  CHECK(baton::params_sha256(ok(baton::fit(sp.with_duration(Time::batches(1)), s))) != h);
+  CHECK(baton::params_sha256(ok(baton::fit(sp.with_name("more").with_duration(Time::batches(1)), s))) != h);
   CHECK(baton::params_sha256(test::new_state(1)) == baton::params_sha256(test::new_state(1)));
   CHECK(baton::params_sha256(test::new_state(1)) != baton::params_sha256(test::new_state(2)));
   // Buffers count: the same weights with other running statistics hash differently.

@@ -228,21 +228,21 @@ TEST_CASE("resume a 2-rank run on 1 rank and on 2 ranks: every global batch hold
 
   // 2 ranks for 11 steps (into the second epoch); rank 0 writes a checkpoint at the end.
   std::array<Recorder, 2> first;
-  const auto ckpt_spec = spec.with_duration(baton::Time::batches(11))
-                             .with_checkpoints({.dir = dir, .at_stage_end = true});
+  const auto ckpt_spec = spec.with_checkpoints({.dir = dir, .every = baton::Time::batches(11), .at_stage_end = false});
   const auto init = state_of(plain_mlp());
   auto r1 = on_ranks<baton::TrainState>(2, [&](int r, std::shared_ptr<const baton::Distributed> g) {
-    return baton::fit(ckpt_spec.with_distributed(g).with_algorithms({first[static_cast<std::size_t>(r)].algorithm()}), init);
+    return baton::fit(ckpt_spec.with_distributed(g).with_algorithms({first[static_cast<std::size_t>(r)].algorithm()}), init,
+                      baton::Time::batches(11));
   });
   ok(r1[0]), ok(r1[1]);
-  const auto ckpt = dir / "ckpt-0000000011-end.baton";
+  const auto ckpt = dir / "ckpt-0000000011.baton";
   REQUIRE(fs::exists(ckpt));
 
   // Resume on 1 rank and on 2 ranks, to batch 30.
   Recorder single;
   auto loaded = baton::load_checkpoint(ckpt, plain_mlp());
   REQUIRE(loaded.has_value());
-  const auto rest = spec.with_duration(baton::Time::batches(19));
+  const auto rest = spec;  // the rest of the stage
   const auto one = test::ok(baton::fit(rest.with_algorithms({single.algorithm()}), *loaded));
   std::array<Recorder, 2> second;
   auto r2 = on_ranks<baton::TrainState>(2, [&](int r, std::shared_ptr<const baton::Distributed> g) {
@@ -278,7 +278,7 @@ TEST_CASE("ranks that start from different states fail with an error naming both
   const auto data = test::blobs(200);
   const auto spec = test::spec(data, baton::Time::batches(3)).with_batch_size(20);
   const auto init = state_of(plain_mlp());
-  const auto ahead = test::ok(baton::fit(spec.with_duration(baton::Time::batches(1)), init));
+  const auto ahead = test::ok(baton::fit(spec, init, baton::Time::batches(1)));
   const auto t0 = std::chrono::steady_clock::now();
   auto results = on_ranks<baton::TrainState>(2, [&](int r, std::shared_ptr<const baton::Distributed> g) {
     return baton::fit(spec.with_distributed(g), r == 0 ? init : ahead);

@@ -17,24 +17,8 @@ using baton::Event;
 
 namespace {
 
-/// Tiny images: 3 classes, [n, 1, 8, 8], class c has a bright row band at c.
-baton::Dataset images(std::int64_t n, std::uint64_t seed = 3, std::string name = "images") {
-  auto gen = at::detail::createCPUGenerator(seed);
-  auto y = torch::randint(0, 3, {n}, gen, torch::kLong);
-  auto x = torch::rand({n, 1, 8, 8}, gen) * 0.1;
-  for (std::int64_t i = 0; i < n; ++i) x[i][0][y[i].item<std::int64_t>() * 2] += 1.0;
-  return *baton::make_dataset(x, y, std::move(name));
-}
-
-/// A CNN that takes any image size (global average pooling), with BatchNorm and Dropout.
-baton::ModelFactory tiny_cnn() {
-  return baton::model_factory([] {
-    namespace nn = torch::nn;
-    return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 4, 3).padding(1)), nn::BatchNorm2d(4), nn::ReLU(),
-                          nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)), nn::Flatten(), nn::Dropout(0.1),
-                          nn::Linear(4, 3));
-  });
-}
+using test::images;
+using test::tiny_cnn;
 
 baton::TrainState image_state(baton::Time max = baton::Time::epochs(4)) {
   auto s = baton::init_state(tiny_cnn(), {.seed = 5, .max_duration = max});
@@ -54,18 +38,7 @@ baton::AlgorithmContext ctx_of(const baton::TrainingSpec& spec, const baton::Tim
   return baton::AlgorithmContext{spec, t, progress, classes};
 }
 
-/// A temporary directory removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/baton-events-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using test::TempDir;
 
 /// A callback recording the sequence of events.
 baton::Callback recorder(std::shared_ptr<std::vector<Event>> out) {
@@ -115,7 +88,6 @@ TEST_CASE("algorithms and callbacks keep split and resume invariance bit for bit
   const auto data = images(200);
   TempDir dir;
   auto spec = image_spec(data, baton::Time::epochs(3))
-                  .with_duration_anchor(baton::Anchor::stage)
                   .with_algorithms({algo::random_crop_flip({.padding = 1}), algo::mixup({.alpha = 0.4}),
                                     algo::label_smoothing({.smoothing = 0.1}), algo::ema({.decay = 0.9})})
                   .with_callbacks({cb::early_stopping({.metric = "train/loss", .patience = 100})})
@@ -127,13 +99,13 @@ TEST_CASE("algorithms and callbacks keep split and resume invariance bit for bit
 
   SECTION("in pieces") {
     auto s = image_state();
-    for (std::int64_t piece : {5, 1, 11, 13, 100}) s = test::ok(baton::fit(spec, std::move(s), piece));
+    for (std::int64_t piece : {5, 1, 11, 13, 100}) s = test::ok(baton::fit(spec, std::move(s), baton::Time::batches(piece)));
     test::require_same_bits(whole, s);
   }
   SECTION("through checkpoints, three resumes") {
     auto s = image_state();
     for (std::int64_t piece : {6, 13, 9}) {
-      s = test::ok(baton::fit(spec, std::move(s), piece));
+      s = test::ok(baton::fit(spec, std::move(s), baton::Time::batches(piece)));
       const auto path = dir.path / "c.baton";
       REQUIRE(baton::save_checkpoint(s, path));
       s = test::ok(baton::load_checkpoint(path, tiny_cnn()));
@@ -434,7 +406,6 @@ TEST_CASE("checkpoints from the spec: intervals, stage end, interruption -- resu
   const auto data = test::blobs(100);
   TempDir dir;
   const auto spec = test::spec(data, baton::Time::epochs(2))
-                        .with_duration_anchor(baton::Anchor::stage)
                         .with_algorithms({algo::ema({.decay = 0.9})})
                         .with_checkpoints({.dir = dir.path, .every = baton::Time::batches(3), .keep = 0,
                                            .meta = {.run_name = "t"}});

@@ -21,24 +21,34 @@ TEST_CASE("splitting a run into several fits gives the same bits", "[fit][proper
   CHECK(whole.time.batch == 96);
   CHECK(whole.time.sample == 3000);
 
-  SECTION("1ep then 2ep") {
-    auto s = ok(baton::fit(spec(Time::epochs(1)), test::new_state()));
-    s = ok(baton::fit(spec(Time::epochs(2)), std::move(s)));
+  const auto stage = spec(Time::epochs(3));
+  SECTION("budgets of 1ep then 2ep") {
+    auto s = ok(baton::fit(stage, test::new_state(), Time::epochs(1)));
+    s = ok(baton::fit(stage, std::move(s), Time::epochs(2)));
     require_same_bits(whole, s);
   }
   SECTION("a split in the middle of an epoch, then the rest") {
-    auto s = ok(baton::fit(spec(Time::batches(45)), test::new_state()));
+    auto s = ok(baton::fit(stage, test::new_state(), Time::batches(45)));
     CHECK(s.time.epoch == 1);
     CHECK(s.time.batch_in_epoch == 13);
     CHECK(s.time.sample_in_epoch == 13 * 32);
-    s = ok(baton::fit(spec(Time::epochs(10)), std::move(s)));  // clipped to the run's 3ep
+    s = ok(baton::fit(stage, std::move(s), Time::epochs(10)));  // the stage ends first
     require_same_bits(whole, s);
   }
-  SECTION("many small fits in mixed units") {
+  SECTION("the stage's length belongs to the stage: a second fit finishes it") {
+    auto s = ok(baton::fit(stage, test::new_state(), Time::batches(45)));
+    s = ok(baton::fit(stage, std::move(s)));
+    require_same_bits(whole, s);
+    CHECK(s.history.size() == 1);
+    const auto again = baton::fit(stage, s);  // the stage was the whole run: nothing is left
+    REQUIRE_FALSE(again);
+    CHECK(again.error().code == baton::ErrorCode::run_finished);
+  }
+  SECTION("many small budgets in mixed units") {
     auto s = test::new_state();
     for (Time t : {Time::batches(7), Time::samples(500), Time::batches(1), Time::epochs(1), Time::fraction(0.25),
                    Time::epochs(5)})
-      s = ok(baton::fit(spec(t), std::move(s)));
+      s = ok(baton::fit(stage, std::move(s), t));
     require_same_bits(whole, s);
     REQUIRE(s.history.size() == 1);  // one stage, split into six fits
     CHECK(s.history[0].end == whole.history[0].end);
@@ -59,11 +69,11 @@ TEST_CASE("fit leaves a state passed by copy bit-identical", "[fit][property]") 
 }
 
 TEST_CASE("a copy trained two ways branches -- the original is intact", "[fit][property]") {
-  const auto root = ok(baton::fit(spec(Time::epochs(1)), test::new_state()));
+  const auto root = ok(baton::fit(spec(Time::epochs(2)), test::new_state(), Time::epochs(1)));
   const baton::TrainState snapshot = root;
-  auto a = ok(baton::fit(spec(Time::epochs(1)), root));
-  auto b = ok(baton::fit(spec(Time::epochs(1)).with_lr(0.01), root));
-  auto a_again = ok(baton::fit(spec(Time::epochs(1)), root));
+  auto a = ok(baton::fit(spec(Time::epochs(2)), root));
+  auto b = ok(baton::fit(spec(Time::epochs(2)).with_lr(0.01), root));
+  auto a_again = ok(baton::fit(spec(Time::epochs(2)), root));
   CHECK_FALSE(baton::bitwise_equal(a, b));
   require_same_bits(a, a_again);
   require_same_bits(root, snapshot);
@@ -113,9 +123,9 @@ TEST_CASE("drop_last and a batch size changed mid-epoch", "[fit]") {
   CHECK(s.time.sample == 992);
   CHECK(s.time.epoch == 1);
 
-  auto t = ok(baton::fit(spec(Time::batches(10)), test::new_state()));
+  auto t = ok(baton::fit(spec(Time::epochs(2)), test::new_state(), Time::batches(10)));
   CHECK(t.time.sample_in_epoch == 320);
-  t = ok(baton::fit(spec(Time::epochs(1)).with_batch_size(100), std::move(t)));
+  t = ok(baton::fit(spec(Time::epochs(2)).with_batch_size(100), std::move(t), Time::epochs(1)));
   CHECK(t.time.epoch == 1);
   CHECK(t.time.sample_in_epoch == 400);  // first batch boundary at or past one epoch's worth
   CHECK(t.time.batch == 10 + 7 + 4);    // 680 left of epoch 0 in 100s, then 320 in 100s
@@ -243,7 +253,7 @@ TEST_CASE("training converges on real Fashion-MNIST data, and splits there give 
   CHECK(after->at("test").at("accuracy") > 0.80);
   CHECK(after->at("test").at("loss") < before->at("test").at("loss") / 3);
 
-  auto split = ok(baton::fit(sp.with_duration(Time::batches(77)), *init));
+  auto split = ok(baton::fit(sp, *init, Time::batches(77)));
   split = ok(baton::fit(sp, std::move(split)));
   require_same_bits(trained, split);
 }
@@ -264,7 +274,7 @@ TEST_CASE("a fit asked to stop returns the state reached, marked interrupted -- 
   CHECK(part.time.batch == 5);
   CHECK(part.history.back().interrupted);
   // Nothing is lost: finishing the stage gives the bits of the uninterrupted fit.
-  auto rest = ok(baton::fit(spec(Time::batches(27)), std::move(part)));
+  auto rest = ok(baton::fit(spec(Time::epochs(1)), std::move(part)));  // the rest of the stage
   require_same_bits(whole, rest);
   CHECK_FALSE(rest.history.back().interrupted);
 

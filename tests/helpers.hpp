@@ -1,6 +1,13 @@
 #pragma once
 // Small models and data for tests: fast, seeded, and exercising buffers (BatchNorm) and the RNG
 // (Dropout) so that bit-for-bit checks cover everything a state holds.
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -54,5 +61,46 @@ inline baton::TrainState ok(baton::Expected<baton::TrainState> r) {
   if (!r) FAIL(r.error().to_string());
   return std::move(*r);
 }
+
+/// Tiny images: 3 classes, [n, 1, 8, 8], class c has a bright row band at c.
+inline baton::Dataset images(std::int64_t n, std::uint64_t seed = 3, std::string name = "images") {
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto y = torch::randint(0, 3, {n}, gen, torch::kLong);
+  auto x = torch::rand({n, 1, 8, 8}, gen) * 0.1;
+  for (std::int64_t i = 0; i < n; ++i) x[i][0][y[i].item<std::int64_t>() * 2] += 1.0;
+  return *baton::make_dataset(x, y, std::move(name));
+}
+
+/// A CNN that takes any image size (global average pooling), with BatchNorm and Dropout.
+inline baton::ModelFactory tiny_cnn() {
+  return baton::model_factory([] {
+    namespace nn = torch::nn;
+    return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 4, 3).padding(1)), nn::BatchNorm2d(4), nn::ReLU(),
+                          nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)), nn::Flatten(), nn::Dropout(0.1),
+                          nn::Linear(4, 3));
+  });
+}
+
+/// A fresh temporary directory (mkdtemp), removed with everything in it at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/baton-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  /// The names of the files in it, sorted.
+  [[nodiscard]] std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(path)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
 
 }  // namespace test

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "baton/error.hpp"
 #include "baton/model.hpp"
@@ -62,6 +63,18 @@ Expected<TrainState> load_checkpoint(const std::filesystem::path& path, const Mo
 
 /// Reads and verifies a checkpoint's header and checksum without building a model.
 Expected<CheckpointInfo> read_checkpoint_info(const std::filesystem::path& path);
+
+/// The file name of a checkpoint that a fit writes at run batch `batch`: "ckpt-<batch, 10 digits>.baton",
+/// "ckpt-<batch>-end.baton" at a stage's end (CheckpointPolicy).
+std::string checkpoint_name(std::int64_t batch, bool stage_end);
+
+/// The checkpoints of `dir` named by `checkpoint_name`, newest first (at the same batch, a stage
+/// end before an interval one). Other files are not listed.
+std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir);
+
+/// Keeps the newest `keep` interval checkpoints of `dir` and removes older ones; stage-end
+/// checkpoints and every other file are never touched (`keep <= 0`: keep all).
+void prune_checkpoints(const std::filesystem::path& dir, int keep);
 
 /// SHA-256 (hex) over every parameter and buffer of the state: names, dtypes, shapes and bytes,
 /// in module order (encoding in docs/checkpoint.md). Two states with the same value have the

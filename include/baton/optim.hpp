@@ -134,4 +134,31 @@ struct OptimizerState {
   std::map<std::string, ParamState> params;  ///< keyed by parameter name, e.g. "0.weight"
 };
 
+namespace optim {
+/// How many slot tensors `opt`'s kind keeps per parameter (SGD, Adagrad: 1; the others: 3).
+std::size_t slot_count(const Optimizer& opt);
+
+/// One update of one parameter, in place, as `fit` applies it: `param` and `state` change as
+/// torch::optim's step would (`state.step` counts it). `lr` and `weight_decay` are this
+/// parameter's: its group's, with the learning rate already multiplied by the schedule.
+void apply(const Optimizer& opt, torch::Tensor param, torch::Tensor grad, ParamState& state, double lr,
+           double weight_decay);
+
+/// The new parameter and optimizer state of one update.
+struct Updated {
+  torch::Tensor param;
+  ParamState state;
+};
+
+/// The pure form of `apply`, as Optax's `update`: returns the updated parameter and state and
+/// leaves its arguments untouched (it costs a copy of each; `fit` uses `apply`).
+///
+/// ```cpp
+/// auto [p1, s1] = baton::optim::update(baton::optim::adam({.lr = 1e-3}), p, grad, {}, 1e-3, 0.0);
+/// ```
+Updated update(const Optimizer& opt, const torch::Tensor& param, const torch::Tensor& grad, const ParamState& state,
+               double lr, double weight_decay);
+}  // namespace optim
+
+
 }  // namespace baton

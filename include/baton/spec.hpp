@@ -108,12 +108,6 @@ enum class NonFinite {
   stop,   ///< the fit ends before the step with the state reached and a stop reason
 };
 
-/// Where a spec's `duration` counts from.
-enum class Anchor {
-  fit,    ///< the state's time when `fit` is called: each fit trains `duration` more
-  stage,  ///< the stage's start: the stage ends where the curriculum says, however it is split or resumed
-};
-
 /// One stage of training. Everything a stage changes, and what it keeps, is written here:
 ///
 /// | what                     | carried over                          | field              |
@@ -126,7 +120,10 @@ enum class Anchor {
 ///
 /// A stage is identified by its `name`: a `fit` whose name differs from the state's current
 /// stage begins a new stage (applying the carry-over policies and closing a partial epoch); a
-/// `fit` with the same name continues it, so a stage split into several fits gives the same bits.
+/// `fit` with the same name continues it. The stage's length belongs to the stage (`duration`,
+/// from its start), and everything that reads progress (schedules on the stage clock, SWA,
+/// scheduled freezing, progressive resizing, intervals) reads it against the stage as written,
+/// so a stage split into several fits, or resumed from a checkpoint, gives the same bits.
 struct TrainingSpec {
   std::string name = "fit";                       ///< names the stage in errors and history
   DataSpec data{};
@@ -160,8 +157,9 @@ struct TrainingSpec {
   /// Non-finite loss: error, skip the batch or stop. Gradients are checked too when the policy
   /// is skip or stop, or when clipping by norm computes the norm anyway.
   NonFinite on_non_finite = NonFinite::error;
-  Time duration = Time::epochs(1);                ///< how much to train (from `duration_anchor`)
-  Anchor duration_anchor = Anchor::fit;           ///< count `duration` from this fit's start or the stage's
+  /// The stage's length, counted from the stage's start (not from a fit's): `fit(spec, s)`
+  /// finishes the stage from wherever `s` is in it. Default "1dur": the rest of the run.
+  Time duration = Time::fraction(1.0);
   c10::Device device = c10::Device(c10::kCPU);    ///< CPU; CUDA when LibTorch has it
   std::optional<std::uint64_t> data_seed{};         ///< data order seed; default: the run's seed
   /// Data-parallel training in this process group (distributed.hpp); null: one process. With a
@@ -181,7 +179,6 @@ struct TrainingSpec {
   [[nodiscard]] TrainingSpec with_optimizer_carry(Carry v) const;
   [[nodiscard]] TrainingSpec with_lr(double lr) const;
   [[nodiscard]] TrainingSpec with_duration(Time v) const;
-  [[nodiscard]] TrainingSpec with_duration_anchor(Anchor v) const;
   [[nodiscard]] TrainingSpec with_device(c10::Device v) const;
   [[nodiscard]] TrainingSpec with_data_seed(std::uint64_t v) const;
   [[nodiscard]] TrainingSpec with_schedule(Schedule v, Clock clock) const;

@@ -330,7 +330,6 @@ int run(const RunArgs& a, const Registry& registry) {
     // and the loggers. Evaluation (interval and stage end) is the spec's, run by fit.
     auto spec = builder.build().map([&](TrainingSpec s) {
       s.stop = stop;
-      s.duration_anchor = Anchor::stage;
       s.checkpoints = CheckpointPolicy{.dir = ckpt_dir,
                                        .every = cur->run().checkpoint_every,
                                        .at_stage_end = true,
@@ -371,7 +370,7 @@ int run(const RunArgs& a, const Registry& registry) {
       const std::int64_t step = std::min(chunk, target->batch - state->time.batch);
       const auto t0 = Clock::now();
       const auto sample0 = state->time.sample;
-      auto next = fit(*spec, std::move(*state), step);  // the spec (and its stage clock) unchanged
+      auto next = fit(*spec, std::move(*state), Time::batches(step));  // the spec (and its stage clock) unchanged
       if (!next) {
         progress.line("");
         return report(next.error());

@@ -1,6 +1,8 @@
 // The local launcher: N ranks of one process group, as torchrun's standalone mode does.
 #include "launch.hpp"
 
+#include "baton/cli.hpp"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -127,6 +129,7 @@ int launch(const LaunchOptions& o) {
   std::optional<int> first_failed;  // rank
   std::optional<SteadyClock::time_point> term_at, kill_at;
   bool termed = false, killed = false;
+  bool forwarded = false;  // a Ctrl-C/SIGTERM was passed on: ranks that stop with exit 3 did as asked
   auto alive = [&] {
     int count = 0;
     for (std::size_t r = 0; r < pids.size(); ++r) count += statuses[r] ? 0 : 1;
@@ -150,10 +153,10 @@ int launch(const LaunchOptions& o) {
       std::optional<int> pick;
       for (int r : ended) {
         const int st = *statuses[static_cast<std::size_t>(r)];
-        if (!failed(st)) continue;
+        if (!failed(st) || (forwarded && WIFEXITED(st) && WEXITSTATUS(st) == exit_interrupted)) continue;
         if (!pick || (WIFSIGNALED(st) && !WIFSIGNALED(*statuses[static_cast<std::size_t>(*pick)]))) pick = r;
       }
-      if (pick && g_forward_signal == 0 && !termed) {
+      if (pick && !termed) {
         first_failed = pick;
         fmt::print(stderr, "baton launch: rank {} failed ({}); the other ranks get {:g} s to stop\n", *pick,
                    status_text(*statuses[static_cast<std::size_t>(*pick)]),
@@ -163,6 +166,7 @@ int launch(const LaunchOptions& o) {
       }
     }
     if (const int sig = g_forward_signal.exchange(0); sig != 0) {
+      forwarded = true;
       signal_alive(sig);
       if (!term_at) term_at = SteadyClock::now() + o.grace;  // a second Ctrl-C is forwarded too
     }
@@ -191,7 +195,8 @@ int launch(const LaunchOptions& o) {
                fmt::join(others, ", "));
     return 1;
   }
-  // No rank failed on its own: all succeeded, or all stopped after a forwarded signal.
+  // No rank failed on its own: all succeeded (0), or all stopped after a forwarded signal (3, the
+  // code `baton run` gives an interrupted run, when every rank wrote or joined its checkpoint).
   int code = 0;
   for (const auto& st : statuses)
     if (failed(*st)) code = WIFEXITED(*st) ? WEXITSTATUS(*st) : 128 + WTERMSIG(*st);

@@ -1,0 +1,197 @@
+// Stage start and carry-over (carry.hpp).
+#include "train/carry.hpp"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "detail.hpp"
+
+namespace baton::detail {
+
+bool matches(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+namespace {
+std::string some_names(const torch::nn::Module& m) {
+  std::vector<std::string> names;
+  for (const auto& item : m.named_parameters()) names.push_back(item.key());
+  if (names.size() > 8) names.resize(8), names.emplace_back("...");
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+/// FNV-1a: a stable hash of the stage name for seeds (the same on every platform).
+std::uint64_t stable_hash(std::string_view s) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+std::uint64_t stage_seed(std::uint64_t run_seed, std::string_view stage, std::uint64_t stream) {
+  std::uint64_t x = run_seed ^ stable_hash(stage) ^ (stream * 0xD1B54A32D192ED03ULL);
+  return splitmix64(x);
+}
+
+
+/// Builds a model with `factory`, seeded from the run's seed and the stage name, leaving the
+/// caller's global generator intact.
+Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_view stage) {
+  GlobalRngScope scope(seeded_rng_state(stage_seed(seed, stage, 3)));
+  Model m = factory();
+  if (!m.module || !m.forward) raise(ErrorCode::invalid_argument, "the model factory returned no module or no forward");
+  return m;
+}
+
+/// Copies tensors whose name and shape match from `from` into `to`; reports what it did.
+void transfer_tensors(const torch::OrderedDict<std::string, torch::Tensor>& from,
+                      const torch::OrderedDict<std::string, torch::Tensor>& to, const std::vector<std::string>& fresh,
+                      TransferReport& report, std::vector<std::string>* copied_params) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : to) {
+    const auto* src = from.find(item.key());
+    if (src != nullptr && std::any_of(fresh.begin(), fresh.end(), [&](const auto& p) { return matches(p, item.key()); })) {
+      report.skipped.push_back(fmt::format("{} (initialized anew by request)", item.key()));
+      report.initialized.push_back(item.key());
+    } else if (src == nullptr) {
+      report.initialized.push_back(item.key());
+    } else if (src->sizes() != item.value().sizes()) {
+      report.skipped.push_back(fmt::format("{} (shape {} in the source, {} here)", item.key(),
+                                           shape_string(*src), shape_string(item.value())));
+      report.initialized.push_back(item.key());
+    } else {
+      item.value().set_data(src->detach().clone());
+      report.copied.push_back(item.key());
+      if (copied_params) copied_params->push_back(item.key());
+    }
+  }
+  for (const auto& item : from)
+    if (to.find(item.key()) == nullptr) report.skipped.push_back(fmt::format("{} (not in the new model)", item.key()));
+}
+
+
+}  // namespace
+
+StagePosition stage_position(const TrainingSpec& spec, const TrainState& s) {
+  if (s.stage == spec.name) return {false, s.time, s.stage_start};
+  Timestamp t = s.time;
+  if (t.sample_in_epoch > 0) t.epoch += 1, t.batch_in_epoch = 0, t.sample_in_epoch = 0;
+  return {true, t, t};
+}
+
+/// Applies the stage-start carry-over policies when `spec` begins a new stage. Returns the
+/// transfer report when there was a transfer.
+std::optional<TransferReport> begin_stage(const TrainingSpec& spec, TrainState& s) {
+  const StagePosition pos = stage_position(spec, s);
+  if (!pos.new_stage) return std::nullopt;
+  s.time = pos.time;
+  s.stage = spec.name;
+  s.stage_start = pos.stage_start;
+  std::optional<TransferReport> report;
+  const bool fresh_moments = spec.optimizer_carry == Carry::fresh;
+  switch (spec.model.kind) {
+    case ModelCarry::Kind::keep:
+      break;
+    case ModelCarry::Kind::reinitialize: {
+      const ModelFactory& factory = spec.model.factory ? spec.model.factory : s.factory;
+      s.model = build_model(factory, s.seed, spec.name);
+      s.factory = factory;
+      s.optimizer = OptimizerState{};  // moments of the old weights mean nothing for new ones
+      break;
+    }
+    case ModelCarry::Kind::transfer: {
+      const ModelFactory& factory = spec.model.factory ? spec.model.factory : s.factory;
+      Model fresh = build_model(factory, s.seed, spec.name);
+      const torch::nn::Module& source = spec.model.source ? *spec.model.source->model.module : *s.model.module;
+      TransferReport r;
+      std::vector<std::string> copied_params;
+      transfer_tensors(source.named_parameters(), fresh.module->named_parameters(), spec.model.fresh, r, &copied_params);
+      transfer_tensors(source.named_buffers(), fresh.module->named_buffers(), spec.model.fresh, r, nullptr);
+      fresh.module->train(true);
+      // Moments continue (with Carry::keep) only for weights copied from the incoming state.
+      OptimizerState kept;
+      if (!spec.model.source && !fresh_moments) {
+        kept.kind = s.optimizer.kind;
+        for (const auto& name : copied_params)
+          if (auto it = s.optimizer.params.find(name); it != s.optimizer.params.end()) kept.params.insert(*it);
+      }
+      s.optimizer = std::move(kept);
+      s.model = std::move(fresh);
+      s.factory = factory;
+      report = std::move(r);
+      break;
+    }
+  }
+  if (fresh_moments) s.optimizer = OptimizerState{};
+  return report;
+}
+
+/// Lines the state's optimizer state up with the trainable parameters, resolving groups and
+/// frozen patterns. Checks that every pattern matches something.
+std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s) {
+  const std::string kind(spec.optimizer.kind());
+  if (!s.optimizer.kind.empty() && s.optimizer.kind != kind) {
+    raise(ErrorCode::invalid_spec,
+                  fmt::format("optimizer: the state holds {} moments and the spec asks to keep them "
+                              "(Carry::keep) with {}; moments of one optimizer kind cannot continue "
+                              "another: use Carry::fresh{}",
+                              s.optimizer.kind, kind,
+                              s.stage == spec.name ? fmt::format(" in a new stage (this fit continues stage \"{}\")", spec.name) : ""));
+  }
+  s.optimizer.kind = kind;
+  const auto& opt = spec.optimizer;
+  const std::size_t nslots = std::holds_alternative<SgdOptions>(opt.options) || std::holds_alternative<AdagradOptions>(opt.options) ? 1 : 3;
+  std::vector<std::size_t> group_hits(opt.groups.size(), 0), freeze_hits(spec.freeze.size(), 0);
+  std::vector<Slot> slots;
+  for (const auto& item : s.model.module->named_parameters()) {
+    const std::string& name = item.key();
+    bool frozen = false;
+    for (std::size_t f = 0; f < spec.freeze.size(); ++f)
+      if (matches(spec.freeze[f], name)) frozen = true, ++freeze_hits[f];
+    double lr = opt.lr(), wd = opt.weight_decay();
+    for (std::size_t g = 0; g < opt.groups.size(); ++g) {
+      const auto& group = opt.groups[g];
+      if (std::any_of(group.patterns.begin(), group.patterns.end(), [&](const auto& p) { return matches(p, name); })) {
+        ++group_hits[g];
+        lr = group.lr.value_or(lr), wd = group.weight_decay.value_or(wd);
+        break;
+      }
+    }
+    if (frozen) continue;
+    ParamState& ps = s.optimizer.params[name];
+    ps.slots.resize(nslots);
+    slots.push_back(Slot{item.value(), &ps, lr, wd});
+  }
+  for (std::size_t g = 0; g < opt.groups.size(); ++g)
+    if (group_hits[g] == 0)
+      raise(ErrorCode::invalid_spec,
+                    fmt::format("optimizer.groups[{}]: patterns {} match no parameter (the first one wins; "
+                                "an earlier group may take them all); parameters are named like: {}",
+                                g, fmt::join(opt.groups[g].patterns, ", "), some_names(*s.model.module)));
+  for (std::size_t f = 0; f < spec.freeze.size(); ++f)
+    if (freeze_hits[f] == 0)
+      raise(ErrorCode::invalid_spec,
+                    fmt::format("freeze: pattern \"{}\" matches no parameter; parameters are named like: {}",
+                                spec.freeze[f], some_names(*s.model.module)));
+  return slots;
+}
+
+FreezeScope::FreezeScope(const TrainingSpec& spec, torch::nn::Module& m) {
+  if (spec.freeze.empty()) return;
+  for (const auto& item : m.named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    if (std::any_of(spec.freeze.begin(), spec.freeze.end(), [&](const auto& p) { return matches(p, item.key()); })) {
+      item.value().set_requires_grad(false);
+      frozen_.push_back(item.value());
+    }
+  }
+}
+
+FreezeScope::~FreezeScope() {
+  for (auto& p : frozen_) p.set_requires_grad(true);
+}
+
+}  // namespace baton::detail

@@ -1,0 +1,107 @@
+// fit: the training loop. Its seams: where the stage ends (course.hpp, horizon.hpp), carry-over
+// and the optimizer binding (carry.hpp), one step (step.hpp), data parallel (data_parallel.hpp,
+// a no-op without a process group), and what watches the loop (observers.hpp).
+//
+// The loop, with its event points ([event] fires callbacks; "algorithms:" says which algorithm
+// hook runs there, in the order of spec.algorithms):
+//
+//   fit_start                  a new stage (spec.name differs from state.stage): close a partial
+//                              epoch, apply model and optimizer carry-over; resolve groups, freeze
+//   while not (stage end, budget spent, run max reached, or a stop):
+//     [epoch_start]            order = epoch_order(size, seed, epoch)         (cached per epoch)
+//     [batch_start]            batch = data[order[sample_in_epoch : +batch_size]]  (a rank's shard)
+//     [after_data]             algorithms: after_data(batch) -> batch   (augmentation, MixUp, ...)
+//                              lr = group lr * schedule(time on the run's or the stage's clock)
+//     for each microbatch (grad_accum):
+//       [before_forward]       output = model(micro.inputs)
+//       [after_forward]        algorithms: before_loss(output, targets) -> targets (smoothing)
+//                              loss = loss(output, targets)  (non-finite: policy, no step)
+//       [after_loss]           (loss * micro/batch).backward()
+//                              data parallel: one all-reduce of the gradients
+//     [after_backward]         algorithms: after_backward(gradients)   (scheduled freezing)
+//                              clip by global norm, then by value; (checked: non-finite grads)
+//     [before_optimizer_step]  optimizer update (moments keyed by name), grads set to none
+//     [batch_end]              timestamp += 1 batch; algorithms: batch_end(weights) (EMA, SWA)
+//     [epoch_end]              when the epoch's order is used up (or too short with drop_last)
+//     [eval_start/eval_end]    at spec.evaluation.every (from the stage's start)
+//     [checkpoint]             at spec.checkpoints.every (from the stage's start)
+//     stop check               a callback's reason, the stop flag, a signal
+//   at the stage's end:        algorithms: stage_end(state) (SWA); [eval_*]; [checkpoint] -end
+//   on interruption:           [checkpoint]
+//   [fit_end]                  history: {stage, start, end, last loss, lr, grad norm, transfer, ...}
+#include <cmath>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "baton/fit.hpp"
+#include "detail.hpp"
+#include "train/carry.hpp"
+#include "train/course.hpp"
+#include "train/data_parallel.hpp"
+#include "train/observers.hpp"
+#include "train/step.hpp"
+
+namespace baton {
+namespace {
+
+Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional<Time> budget) {
+  auto transfer = detail::begin_stage(spec, s);
+  const detail::Course course = detail::Course::make(spec, s, budget);
+  if (!spec.device.is_cpu()) s.model.module->to(spec.device);
+  std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s);
+  detail::FreezeScope frozen(spec, *s.model.module);
+  s.model.module->train(true);
+  detail::GlobalRngScope rng(s.rng);  // dropout, augmentation etc. draw from the run's RNG
+  detail::DataParallel dp(spec.distributed.get());
+  dp.start(s, course.n, course.batch_size, course.data_seed);
+  detail::Observers obs(spec, s, course, rng, dp, std::move(transfer));
+  obs.fire(Event::fit_start);
+  for (Timestamp& t = s.time; !course.done(s);) {
+    if (obs.stop_requested()) break;
+    detail::roll_epoch(t, course.n, course.batch_size, course.drop_last);
+    if (course.done(s)) break;
+    if (t.sample_in_epoch == 0) obs.fire(Event::epoch_start);
+    obs.fire(Event::batch_start);
+    const std::int64_t take = std::min(course.batch_size, course.n - t.sample_in_epoch);
+    const auto [offset, size] = dp.begin_step(take, t.batch, obs.local_stop());  // this rank's shard
+    const auto index = course.indices(s, spec.data.shuffle, offset, size);
+    Batch batch{course.data.inputs.index_select(0, index), course.data.targets.index_select(0, index)};
+    if (!spec.device.is_cpu()) batch = {batch.inputs.to(spec.device, true), batch.targets.to(spec.device, true)};
+    const Timestamp before = t;
+    const AlgorithmContext actx = obs.context(before);
+    batch = obs.after_data(actx, std::move(batch));
+    const double scale = spec.schedule(detail::schedule_time(spec, s, t, s.stage_start, course.n));
+    const detail::StepOutput out = detail::step_in_place(spec, s, slots, batch, scale, obs.hooks(), actx, dp);
+    if (out.non_finite && !obs.on_non_finite(out)) break;  // error: raises; stop: ends here; skip: goes on
+    detail::advance(t, take);
+    obs.batch_end(actx, out, take, spec.optimizer.lr() * scale);
+    const std::int64_t epoch = t.epoch;
+    detail::roll_epoch(t, course.n, course.batch_size, course.drop_last);
+    obs.after_batch(before, t.epoch != epoch);
+  }
+  obs.finish();
+  return s;
+}
+
+Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optional<Time> budget) {
+  return detail::guard([&]() -> Expected<TrainState> {
+           if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error());
+           if (!s.model.module) return fail(ErrorCode::invalid_argument, "fit: the state has no model; make one with init_state");
+           if (s.finished()) return tl::unexpected(detail::finished_error(s));
+           if (budget && (!std::isfinite(budget->value) || budget->value < 0))
+             return fail(ErrorCode::invalid_argument, fmt::format("fit: the budget must be >= 0, got {}", budget->value));
+           if (budget && budget->value == 0) return std::move(s);  // a zero budget changes nothing
+           return train(spec, std::move(s), budget);
+         })
+      .map_error(add_context(fmt::format("stage \"{}\"", spec.name)));
+}
+}  // namespace
+
+Expected<TrainState> fit(const TrainingSpec& spec, TrainState state) { return fit_impl(spec, std::move(state), std::nullopt); }
+
+Expected<TrainState> fit(const TrainingSpec& spec, TrainState state, Time budget) {
+  return fit_impl(spec, std::move(state), budget);
+}
+
+}  // namespace baton

@@ -1,0 +1,66 @@
+#pragma once
+// Everything in a fit that watches the loop rather than trains: callbacks and loggers, the
+// history record, interval and stage-end evaluation, checkpoints, stop requests (flag, signal,
+// callback) and the non-finite policy. The loop calls it at its event points.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "baton/spec.hpp"
+#include "baton/state.hpp"
+#include "detail.hpp"
+#include "train/course.hpp"
+#include "train/data_parallel.hpp"
+#include "train/hooks.hpp"
+#include "train/signals.hpp"
+
+namespace baton::detail {
+
+class Observers {
+ public:
+  /// Opens (or extends) the stage's history record; `transfer` is what begin_stage reported.
+  Observers(const TrainingSpec& spec, TrainState& s, const Course& course, GlobalRngScope& rng, DataParallel& dp,
+            std::optional<TransferReport> transfer);
+
+  /// The hooks the step fires; null when nothing is attached (nothing to pay for).
+  [[nodiscard]] Hooks* hooks() { return attached_ ? &hooks_ : nullptr; }
+  void fire(Event e) {
+    if (attached_) hooks_.fire(e);
+  }
+  /// Between batches: a stop flag or signal (agreed across ranks), or a callback's reason.
+  [[nodiscard]] bool stop_requested();
+  /// This rank was asked to stop (for the data-parallel agreement in the next step).
+  [[nodiscard]] bool local_stop() const;
+  /// The algorithms' view of the step that begins at `t`.
+  [[nodiscard]] AlgorithmContext context(const Timestamp& t) const;
+  /// after_data: the algorithms transform the batch.
+  Batch after_data(const AlgorithmContext& actx, Batch batch);
+  /// A step with a non-finite loss or gradient: an error, a stop (false) or a skipped batch (true).
+  bool on_non_finite(const StepOutput& out);
+  /// batch_end: the step is counted; algorithms and callbacks see it; the record follows.
+  void batch_end(const AlgorithmContext& actx, const StepOutput& out, std::int64_t samples, double lr);
+  /// After the epoch roll-over: epoch_end, interval evaluation and checkpoints (from the stage's start).
+  void after_batch(const Timestamp& before, bool epoch_ended);
+  /// The fit returns: stage-end algorithms, evaluation and checkpoint, or the interrupt
+  /// checkpoint; fit_end; loggers flushed.
+  void finish();
+
+ private:
+  void evaluate();
+  void write_checkpoint(bool stage_done);
+
+  const TrainingSpec& spec_;
+  TrainState& s_;
+  const Course& course_;
+  GlobalRngScope& rng_;
+  DataParallel& dp_;
+  Hooks hooks_;
+  bool attached_;
+  std::size_t record_;
+  SignalScope signals_;
+  bool interrupted_ = false, any_step_ = false;
+  std::optional<std::int64_t> evaluated_at_;  // the batch count of this fit's last evaluation
+};
+
+}  // namespace baton::detail

@@ -1,0 +1,160 @@
+// One optimizer step (step.hpp).
+#include "train/step.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "detail.hpp"
+
+namespace baton::detail {
+
+namespace {
+void drop_grads(std::vector<Slot>& slots) {
+  for (auto& sl : slots) sl.param.mutable_grad().reset();  // set_to_none: no memset per step
+}
+
+/// The model's output and the loss of one microbatch; shape problems become clear errors.
+torch::Tensor microbatch_loss(const TrainingSpec& spec, TrainState& s, const torch::Tensor& inputs,
+                              torch::Tensor targets, Hooks* hooks, const AlgorithmContext& actx) {
+  if (hooks) hooks->fire(Event::before_forward);
+  torch::Tensor output;
+  try {
+    output = s.model.forward(inputs);
+  } catch (const c10::Error& e) {
+    raise(ErrorCode::shape_mismatch, fmt::format("the model's forward failed on inputs of shape {}: {}",
+                                                 shape_string(inputs), torch_message(e)));
+  }
+  if (hooks) {
+    if (hooks->any_before_loss)
+      for (const auto& a : spec.algorithms)
+        if (a.before_loss) targets = a.before_loss(actx, output, std::move(targets));
+    hooks->fire(Event::after_forward);
+  }
+  torch::Tensor loss;
+  try {
+    loss = spec.loss.fn(output, targets);
+  } catch (const c10::Error& e) {
+    raise(ErrorCode::shape_mismatch,
+          fmt::format("loss \"{}\" failed on the model's output {} and targets {}: {}", spec.loss.name,
+                      shape_string(output), shape_string(targets), torch_message(e)));
+  }
+  if (!loss.defined() || loss.dim() != 0)
+    raise(ErrorCode::shape_mismatch,
+          fmt::format("loss \"{}\" must return a scalar, returned {}", spec.loss.name, shape_string(loss)));
+  return loss;
+}
+
+/// Forward and backward over the microbatches; gradients accumulate in the parameters.
+/// Returns the batch's loss (this rank's weighted share under data parallel); a non-finite
+/// loss returns at once with the gradients dropped.
+StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
+                            Hooks* hooks, const AlgorithmContext& actx, const DataParallel& dp) {
+  const std::int64_t total = batch.inputs.size(0);  // data parallel: this rank's shard, maybe empty
+  const std::int64_t k = std::min<std::int64_t>(std::max<std::int64_t>(spec.grad_accum, 1), std::max<std::int64_t>(total, 1));
+  const std::int64_t micro = (total + k - 1) / k;
+  double batch_loss = 0.0;
+  for (std::int64_t start = 0; start < total; start += micro) {
+    const std::int64_t size = std::min(micro, total - start);
+    const bool whole = size == total;
+    const auto inputs = whole ? batch.inputs : batch.inputs.narrow(0, start, size);
+    auto targets = whole ? batch.targets : batch.targets.narrow(0, start, size);
+    const torch::Tensor loss = microbatch_loss(spec, s, inputs, std::move(targets), hooks, actx);
+    // CPU sync point (cheap on CPU): a non-finite loss must stop us before the step is applied.
+    const double value = loss.item<double>();
+    if (!std::isfinite(value)) {
+      drop_grads(slots);
+      return {value, 0.0, true, fmt::format("loss \"{}\" is {}", spec.loss.name, value)};
+    }
+    if (hooks) hooks->fire(Event::after_loss);
+    if (whole && !dp.active()) {
+      batch_loss = value;
+      loss.backward();
+    } else {
+      // A mean over the batch is the size-weighted mean of the microbatch means (data parallel:
+      // of the ranks' shards, so that the summed gradients are those of the global batch's mean).
+      const double weight = static_cast<double>(size) / static_cast<double>(total) * dp.weight();
+      batch_loss += value * weight;
+      (loss * weight).backward();
+    }
+  }
+  return {batch_loss, 0.0};
+}
+
+/// The global gradient norm when the policy asks to survive non-finite gradients, or when
+/// clipping by norm computed it anyway; 0 (unchecked) otherwise.
+double checked_norm(const TrainingSpec& spec, const std::vector<Slot>& slots, double clip_norm) {
+  if (spec.on_non_finite == NonFinite::error && !spec.clip_grad_norm) return 0.0;
+  if (spec.clip_grad_norm) return clip_norm;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (const auto& sl : slots)
+    if (sl.param.grad().defined()) norms.push_back(sl.param.grad().norm(2));
+  return norms.empty() ? 0.0 : torch::stack(norms).norm(2).item<double>();
+}
+}  // namespace
+
+StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
+                         double lr_scale, Hooks* hooks, const AlgorithmContext& actx, DataParallel& dp) {
+  StepOutput out = forward_backward(spec, s, slots, batch, hooks, actx, dp);
+  if (out.non_finite && !dp.active()) return out;
+  if (dp.active()) {
+    // The one gradient all-reduce of the step (none per microbatch); every rank learns whether
+    // some rank's loss was not finite, and then every rank skips the step.
+    const auto [global_loss, any_non_finite] = dp.reduce(slots, out.non_finite ? 0.0 : out.loss, out.non_finite);
+    if (any_non_finite) {
+      drop_grads(slots);
+      return {out.non_finite ? out.loss : global_loss, 0.0, true,
+              fmt::format("loss \"{}\" is not finite on {}", spec.loss.name,
+                          out.non_finite ? fmt::format("rank {}", dp.rank()) : std::string("another rank"))};
+    }
+    out.loss = global_loss;
+  }
+  if (hooks) {
+    if (hooks->any_after_backward) {
+      std::vector<std::pair<std::string, torch::Tensor>> named;
+      for (const auto& item : s.model.module->named_parameters()) named.emplace_back(item.key(), item.value());
+      for (const auto& a : spec.algorithms)
+        if (a.after_backward) a.after_backward(actx, named);
+    }
+    hooks->fire(Event::after_backward);
+  }
+  out.grad_norm = clip_gradients(spec, slots);
+  if (const double norm = checked_norm(spec, slots, out.grad_norm); !std::isfinite(norm)) {
+    drop_grads(slots);
+    return {out.loss, norm, true, fmt::format("the gradient norm is {}", norm)};
+  }
+  if (hooks) hooks->fire(Event::before_optimizer_step);
+  torch::NoGradGuard no_grad;
+  for (auto& sl : slots)
+    if (sl.param.grad().defined())
+      optim::apply(spec.optimizer, sl.param, sl.param.grad(), *sl.state, sl.lr * lr_scale, sl.weight_decay);
+  drop_grads(slots);
+  return out;
+}
+
+/// Clips gradients (by global norm, then by value); returns the global norm before clipping,
+/// or 0 when not clipping by norm (computing it costs a pass over every gradient).
+double clip_gradients(const TrainingSpec& spec, std::vector<Slot>& slots) {
+  if (!spec.clip_grad_norm && !spec.clip_grad_value) return 0.0;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (auto& sl : slots)
+    if (sl.param.grad().defined()) grads.push_back(sl.param.grad());
+  double total = 0.0;
+  if (spec.clip_grad_norm && !grads.empty()) {
+    std::vector<torch::Tensor> norms;
+    norms.reserve(grads.size());
+    for (const auto& g : grads) norms.push_back(g.norm(2));
+    total = torch::stack(norms).norm(2).item<double>();
+    const double coef = *spec.clip_grad_norm / (total + 1e-6);
+    if (coef < 1.0)
+      for (auto& g : grads) g.mul_(coef);
+  }
+  if (spec.clip_grad_value)
+    for (auto& g : grads) g.clamp_(-*spec.clip_grad_value, *spec.clip_grad_value);
+  return total;
+}
+
+}  // namespace baton::detail
