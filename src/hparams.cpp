@@ -88,9 +88,8 @@ void check_keys(const toml::table& t, const std::vector<std::string>& known, con
   for (auto&& [key, value] : t) {
     const std::string k(key.str());
     if (contains(known, k)) continue;
-    const auto near = detail::closest(k, known);
-    p.add(&value, fmt::format("{}: unknown key \"{}\"{}; valid keys: {}", path, k,
-                              near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(known, ", ")));
+    p.add(&value, fmt::format("{}: unknown key \"{}\"{}; valid keys: {}", path, k, detail::did_you_mean(k, known),
+                              fmt::join(known, ", ")));
   }
 }
 
@@ -409,10 +408,8 @@ Expected<Callback> callback_from_name(const std::string& name, const Params& par
     o.threshold = r.number("threshold", 0);
     out = callbacks::threshold_stop(o);
   } else {
-    const auto near = detail::closest(name, known);
-    return fail(ErrorCode::invalid_argument,
-                fmt::format("callbacks: unknown callback \"{}\"{}; known: {}", name,
-                            near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(known, ", ")));
+    return fail(ErrorCode::invalid_argument, fmt::format("callbacks: unknown callback \"{}\"{}; known: {}", name,
+                                                         detail::did_you_mean(name, known), fmt::join(known, ", ")));
   }
   if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
   return std::move(*out);
@@ -799,9 +796,8 @@ static EvalPlan parse_eval(const SpecBuilder::Impl& b, Problems& p) {
   }
   for (const auto& [k, node] : keys)
     if (!contains(kEvalKeys, k)) {
-      const auto near = detail::closest(k, kEvalKeys);
-      p.add(node, fmt::format("{}{}: unknown key{}; valid keys: {}", r.path, k,
-                              near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(kEvalKeys, ", ")));
+      p.add(node, fmt::format("{}{}: unknown key{}; valid keys: {}", r.path, k, detail::did_you_mean(k, kEvalKeys),
+                              fmt::join(kEvalKeys, ", ")));
     }
   if (plan.interval && plan.interval->value <= 0) p.add(at("interval"), r.path + "interval: must be more than zero");
   return plan;
@@ -972,9 +968,8 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
             if (names.back() == parts[1]) target = t;
           }
       if (!target) {
-        const auto near = detail::closest(parts[1], names);
         p.list.push_back(fmt::format("--set \"{}\": no stage \"{}\"{}; stages: {}", o, parts[1],
-                                     near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(names, ", ")));
+                                     detail::did_you_mean(parts[1], names), fmt::join(names, ", ")));
         continue;
       }
       if (!insert_at(*target, parts, 2, v)) p.list.push_back(fmt::format("--set \"{}\": the path goes through a value that is not a table", o));
@@ -1021,9 +1016,8 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
     } else if (auto it = registry.models.find(*name); it == registry.models.end()) {
       std::vector<std::string> names;
       for (const auto& [k, v] : registry.models) names.push_back(k);
-      const auto near = detail::closest(*name, names);
       p.add(model->get("name"), fmt::format("model.name: unknown model \"{}\"{}; models: {}", *name,
-                                            near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(names, ", ")));
+                                            detail::did_you_mean(*name, names), fmt::join(names, ", ")));
     } else {
       auto keys = it->second.keys;
       keys.insert(keys.begin(), "name");
@@ -1045,9 +1039,8 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
       }
       auto it = registry.datasets.find(*kind);
       if (it == registry.datasets.end()) {
-        const auto near = detail::closest(*kind, kinds);
         p.add(t->get("kind"), fmt::format("{}.kind: unknown dataset kind \"{}\"{}; kinds: {}", path, *kind,
-                                          near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(kinds, ", ")));
+                                          detail::did_you_mean(*kind, kinds), fmt::join(kinds, ", ")));
         continue;
       }
       auto keys = it->second.keys;
