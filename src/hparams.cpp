@@ -257,91 +257,29 @@ Expected<Dataset> load_csv(const Params& params) {
   const auto path_it = params.find("path");
   if (path_it == params.end() || !std::holds_alternative<std::string>(path_it->second))
     return fail(ErrorCode::invalid_argument, "dataset.path: required (the CSV file)");
-  const std::string path = std::get<std::string>(path_it->second);
-  const auto target_it = params.find("target");
-  std::string target = target_it != params.end() && std::holds_alternative<std::string>(target_it->second)
-                           ? std::get<std::string>(target_it->second) : "";
-  const bool classes = r.flag("classification", true);
+  data::CsvOptions o;
+  o.path = std::get<std::string>(path_it->second);
+  if (const auto it = params.find("target"); it != params.end() && std::holds_alternative<std::string>(it->second))
+    o.target = std::get<std::string>(it->second);
+  o.classification = r.flag("classification", true);
   r.flag("header", true);
-  std::ifstream in(path);
-  if (!in) return fail(ErrorCode::io, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::string line;
-  if (!std::getline(in, line)) return fail(ErrorCode::data, fmt::format("{}: empty file", path));
-  auto split = [](const std::string& l) {
-    std::vector<std::string> cells;
-    std::stringstream ss(l);
-    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
-    return cells;
-  };
-  const auto header = split(line);
-  std::size_t target_col = header.size() - 1;
-  if (!target.empty()) {
-    auto it = std::find(header.begin(), header.end(), target);
-    if (it == header.end())
-      return fail(ErrorCode::data, fmt::format("{}: no column \"{}\" in the header ({})", path, target, fmt::join(header, ", ")));
-    target_col = static_cast<std::size_t>(it - header.begin());
-  }
-  std::vector<float> xs;
-  std::vector<double> ys;
-  std::size_t rows = 0;
-  for (std::size_t lineno = 2; std::getline(in, line); ++lineno) {
-    if (line.empty()) continue;
-    const auto cells = split(line);
-    if (cells.size() != header.size())
-      return fail(ErrorCode::data, fmt::format("{}:{}: {} cells, the header has {}", path, lineno, cells.size(), header.size()));
-    for (std::size_t c = 0; c < cells.size(); ++c) {
-      char* end = nullptr;
-      const double v = std::strtod(cells[c].c_str(), &end);
-      if (end == cells[c].c_str() || *end != '\0')
-        return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": \"{}\" is not a number", path, lineno, header[c], cells[c]));
-      // inf and nan parse as numbers but cannot be trained on; a feature beyond float's range
-      // would overflow the float conversion below (undefined behaviour).
-      if (!std::isfinite(v) || (c != target_col && std::abs(v) > std::numeric_limits<float>::max()))
-        return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": {} is not {}", path, lineno, header[c], cells[c],
-                                                 c == target_col ? "a finite number" : "a finite 32-bit float"));
-      if (c == target_col) ys.push_back(v);
-      else xs.push_back(static_cast<float>(v));
-    }
-    ++rows;
-  }
-  if (rows == 0) return fail(ErrorCode::data, fmt::format("{}: no data rows", path));
-  const auto features = static_cast<std::int64_t>(header.size() - 1);
-  auto x = torch::from_blob(xs.data(), {static_cast<std::int64_t>(rows), features}, torch::kFloat32).clone();
-  auto y = torch::from_blob(ys.data(), {static_cast<std::int64_t>(rows)}, torch::kFloat64).clone();
-  if (classes) {
-    // The upper bound keeps the conversion to int64 exact (and defined).
-    if (!y.eq(y.round()).all().item<bool>() || y.min().item<double>() < 0 || y.max().item<double>() > 9.0e15)
-      return fail(ErrorCode::data, fmt::format("{}: target \"{}\" must hold class indices (integers >= 0) "
-                                               "for classification; set classification = false for regression",
-                                               path, header[target_col]));
-    y = y.to(torch::kLong);
-  } else {
-    y = y.to(torch::kFloat32).unsqueeze(1);
-  }
-  return make_dataset(x, y, path);
+  return data::csv(o);
 }
 
 Expected<Dataset> load_synthetic(const Params& params) {
   detail::ParamReader r(params, "dataset");
+  data::SyntheticOptions o;
   // Sizes are capped so that samples x features stays a tensor that fits in memory (2^31 floats).
-  const auto n = r.whole("samples", 1000, 1, std::int64_t{1} << 31);
-  const auto features = r.whole("features", 8, 1, std::int64_t{1} << 20);
-  const auto classes = r.whole("classes", 4, 2, std::int64_t{1} << 20);
-  const auto seed = static_cast<std::uint64_t>(r.whole("seed", 0, 0));
-  const auto sample_seed = static_cast<std::uint64_t>(r.whole("sample_seed", static_cast<std::int64_t>(seed) + 1, 0));
-  if (n * features > (std::int64_t{1} << 31) || classes * features > (std::int64_t{1} << 31))
-    r.problem(fmt::format("dataset: synthetic data of {} samples x {} features ({} classes) is too large", n, features, classes));
+  o.samples = r.whole("samples", 1000, 1, std::int64_t{1} << 31);
+  o.features = r.whole("features", 8, 1, std::int64_t{1} << 20);
+  o.classes = r.whole("classes", 4, 2, std::int64_t{1} << 20);
+  o.seed = static_cast<std::uint64_t>(r.whole("seed", 0, 0));
+  o.sample_seed = static_cast<std::uint64_t>(r.whole("sample_seed", static_cast<std::int64_t>(o.seed) + 1, 0));
+  if (o.samples * o.features > (std::int64_t{1} << 31) || o.classes * o.features > (std::int64_t{1} << 31))
+    r.problem(fmt::format("dataset: synthetic data of {} samples x {} features ({} classes) is too large",
+                          o.samples, o.features, o.classes));
   if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-  if (n < 1 || features < 1 || classes < 2)
-    return fail(ErrorCode::invalid_argument, "synthetic dataset: needs samples >= 1, features >= 1, classes >= 2");
-  // `seed` fixes the task (the class centers); `sample_seed` the samples drawn from it, so a
-  // train and a test set of one task differ only in their sample_seed.
-  auto task = at::detail::createCPUGenerator(seed);
-  auto centers = torch::randn({classes, features}, task) * 2.0;
-  auto gen = at::detail::createCPUGenerator(sample_seed);
-  auto y = torch::randint(0, classes, {n}, gen, torch::kLong);
-  auto x = centers.index_select(0, y) + torch::randn({n, features}, gen);
-  return make_dataset(x, y, fmt::format("synthetic(seed {}, sample_seed {})", seed, sample_seed));
+  return data::synthetic(o);
 }
 
 std::vector<std::int64_t> int_list(const Params& params, const std::string& key) {
