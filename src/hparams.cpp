@@ -292,67 +292,6 @@ std::vector<std::int64_t> int_list(const Params& params, const std::string& key)
 }
 }  // namespace
 
-/// A built-in callback from its TOML table (docs/config.md).
-Expected<Callback> callback_from_name(const std::string& name, const Params& params) {
-  detail::ParamReader r(params, "callbacks." + name);
-  const std::vector<std::string> known = {"train_monitor", "lr_monitor", "throughput", "memory_monitor",
-                                          "grad_norm_monitor", "nan_monitor", "early_stopping", "threshold_stop"};
-  auto mode = [&](callbacks::Mode fallback) {
-    auto it = params.find("mode");
-    r.seen("mode");
-    if (it == params.end()) return fallback;
-    const auto* s = std::get_if<std::string>(&it->second);
-    if (s && *s == "max") return callbacks::Mode::max;
-    if (s && *s == "min") return callbacks::Mode::min;
-    r.problem(fmt::format("callbacks.{}.mode: expected \"max\" or \"min\"", name));
-    return fallback;
-  };
-  auto text = [&](const std::string& key, std::string fallback) {
-    auto it = params.find(key);
-    r.seen(key);
-    if (it == params.end()) return fallback;
-    if (const auto* s = std::get_if<std::string>(&it->second)) return *s;
-    r.problem(fmt::format("callbacks.{}.{}: expected a text", name, key));
-    return fallback;
-  };
-  auto every = [&] {
-    const double v = r.number("every", 1);
-    if (v < 1 || v != std::floor(v)) r.problem(fmt::format("callbacks.{}.every: expected a whole number >= 1, got {}", name, v));
-    return callbacks::MonitorOptions{v >= 1 && v <= 9.0e15 ? static_cast<std::int64_t>(v) : 1};
-  };
-  std::optional<Callback> out;
-  if (name == "train_monitor") out = callbacks::train_monitor(every());
-  else if (name == "lr_monitor") out = callbacks::lr_monitor(every());
-  else if (name == "throughput") out = callbacks::throughput(every());
-  else if (name == "memory_monitor") out = callbacks::memory_monitor(every());
-  else if (name == "grad_norm_monitor") out = callbacks::grad_norm_monitor(every());
-  else if (name == "nan_monitor") out = callbacks::nan_monitor(every());
-  else if (name == "early_stopping") {
-    callbacks::EarlyStoppingOptions o;
-    o.metric = text("metric", o.metric);
-    o.mode = mode(o.mode);
-    const double patience = r.number("patience", 3);
-    if (patience < 1 || patience != std::floor(patience))
-      r.problem(fmt::format("callbacks.early_stopping.patience: expected a whole number >= 1, got {}", patience));
-    o.patience = patience >= 1 && patience <= 9.0e15 ? static_cast<std::int64_t>(patience) : 1;
-    o.min_delta = r.number("min_delta", 0);
-    if (o.min_delta < 0) r.problem(fmt::format("callbacks.early_stopping.min_delta: must be >= 0, got {}", o.min_delta));
-    out = callbacks::early_stopping(o);
-  } else if (name == "threshold_stop") {
-    callbacks::ThresholdOptions o;
-    o.metric = text("metric", o.metric);
-    o.mode = mode(o.mode);
-    if (!params.count("threshold")) r.problem("callbacks.threshold_stop.threshold: required (a number)");
-    o.threshold = r.number("threshold", 0);
-    out = callbacks::threshold_stop(o);
-  } else {
-    return fail(ErrorCode::invalid_argument, fmt::format("callbacks: unknown callback \"{}\"{}; known: {}", name,
-                                                         detail::did_you_mean(name, known), fmt::join(known, ", ")));
-  }
-  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-  return std::move(*out);
-}
-
 Registry Registry::builtin() {
   Registry r;
   r.models["mlp"] = ModelEntry{{"widths"}, [](const Params& p) -> Expected<ModelFactory> {
@@ -632,7 +571,7 @@ Expected<TrainingSpec> SpecBuilder::build() const {
           p.add(&node, fmt::format("{}callbacks.{}: expected a table of options", r.path, name));
           continue;
         }
-        auto c = callback_from_name(name, to_params(*opts, {}, r.path + "callbacks." + name, p));
+        auto c = callbacks::from_name(name, to_params(*opts, {}, r.path + "callbacks." + name, p));
         if (c) spec.callbacks.push_back(std::move(*c));
         else p.add(&node, r.path + c.error().message);
       }
