@@ -5,7 +5,8 @@
 # fuzz/fuzz_set (UBSan); kept as the regression input fuzz/regressions/fuzz_set/toml-non-ascii-space.
 # This copies the headers into the build directory with those two functions returning false
 # ("not whitespace" / "not a bare-key character": the input is then rejected as a syntax error)
-# instead of reaching the unreachable, and puts the copy first on hparams.cpp's include path.
+# instead of reaching the unreachable, and puts the copy first on the include path of the files
+# that include toml++ (BATON_TOML_SOURCES, set in CMakeLists.txt: src/hparams/).
 find_path(BATON_TOMLPP_INCLUDE_DIR toml++/toml.h)
 if(NOT BATON_TOMLPP_INCLUDE_DIR)
   message(FATAL_ERROR "toml_compat: toml++/toml.h not found (install libtomlplusplus-dev)")
@@ -29,6 +30,11 @@ endif()
 if(NOT _old STREQUAL _unicode_fixed)  # rewrite only on change: no needless rebuilds
   file(WRITE "${_out}" "${_unicode_fixed}")
 endif()
-# Only src/hparams.cpp includes toml++: the flag goes to that file alone, so no other
+# Only the files in BATON_TOML_SOURCES include toml++: the flag goes to them alone, so no other
 # translation unit's command line (or ccache entry) changes.
-set_property(SOURCE "${CMAKE_CURRENT_SOURCE_DIR}/src/hparams.cpp" APPEND PROPERTY COMPILE_OPTIONS "-isystem${_toml_dst}")
+if(NOT BATON_TOML_SOURCES)
+  message(FATAL_ERROR "toml_compat: set BATON_TOML_SOURCES (the files that include toml++) before including it")
+endif()
+foreach(_src IN LISTS BATON_TOML_SOURCES)
+  set_property(SOURCE "${CMAKE_CURRENT_SOURCE_DIR}/${_src}" APPEND PROPERTY COMPILE_OPTIONS "-isystem${_toml_dst}")
+endforeach()

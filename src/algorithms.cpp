@@ -337,11 +337,9 @@ Expected<Algorithm> from_name(const std::string& name, const Params& params) {
       if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
       out = layer_freezing(std::move(rules));
     } else {
-      const auto near = detail::closest(name, default_order());
       return fail(ErrorCode::invalid_argument,
                   fmt::format("algorithms: unknown algorithm \"{}\"{}; known: {}", name,
-                              near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near),
-                              fmt::join(default_order(), ", ")));
+                              detail::did_you_mean(name, default_order()), fmt::join(default_order(), ", ")));
     }
     if (!out->invalid.empty()) return fail(ErrorCode::invalid_argument, out->invalid);
     return std::move(*out);

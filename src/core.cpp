@@ -237,10 +237,8 @@ Expected<Optimizer> from_name(const std::string& name, const Params& params) {
     o.initial_accumulator_value = r.number("initial_accumulator_value", o.initial_accumulator_value);
     opt = adagrad(o);
   } else {
-    const auto near = detail::closest(name, names());
-    return fail(ErrorCode::invalid_argument,
-                fmt::format("unknown optimizer \"{}\"{}; valid optimizers: {}", name,
-                            near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(names(), ", ")));
+    return fail(ErrorCode::invalid_argument, fmt::format("unknown optimizer \"{}\"{}; valid optimizers: {}", name,
+                                                         detail::did_you_mean(name, names()), fmt::join(names(), ", ")));
   }
   if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
   if (auto ok = opt.validate(); !ok) return tl::unexpected(ok.error());

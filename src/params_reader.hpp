@@ -8,13 +8,9 @@
 
 #include "baton/params.hpp"
 #include "baton/time.hpp"
+#include "suggest.hpp"
 
 namespace baton::detail {
-
-/// Edit distance, for "did you mean" suggestions.
-std::size_t edit_distance(std::string_view a, std::string_view b);
-/// The closest candidate within a small distance, or "".
-std::string closest(std::string_view word, const std::vector<std::string>& candidates);
 
 class ParamReader {
  public:
@@ -100,10 +96,8 @@ class ParamReader {
   Expected<void> finish() {
     for (const auto& [key, value] : params_) {
       if (std::find(seen_.begin(), seen_.end(), key) != seen_.end()) continue;
-      const auto near = closest(key, seen_);
       problems_.push_back(fmt::format("{}: unknown key \"{}\"{}; valid keys: {}", what_, key,
-                                      near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near),
-                                      fmt::join(seen_, ", ")));
+                                      did_you_mean(key, seen_), fmt::join(seen_, ", ")));
     }
     if (problems_.empty()) return {};
     return fail(ErrorCode::invalid_argument, fmt::format("{}", fmt::join(problems_, "; ")));

@@ -263,10 +263,8 @@ Expected<Schedule> from_name(const std::string& name, const Params& params) {
   } else if (name == "inverse_sqrt") {
     s = inverse_sqrt(positive_time("warmup", r.required_time("warmup")));
   } else {
-    const auto near = detail::closest(name, names());
-    return fail(ErrorCode::invalid_argument,
-                fmt::format("unknown schedule \"{}\"{}; valid schedules: {}", name,
-                            near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), fmt::join(names(), ", ")));
+    return fail(ErrorCode::invalid_argument, fmt::format("unknown schedule \"{}\"{}; valid schedules: {}", name,
+                                                         detail::did_you_mean(name, names()), fmt::join(names(), ", ")));
   }
   if (name != "inverse_sqrt") {
     if (auto w = r.optional_time("warmup")) {
@@ -282,29 +280,5 @@ Expected<Schedule> from_name(const std::string& name, const Params& params) {
   return s;
 }
 }  // namespace schedule
-
-namespace detail {
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
-  std::string best;
-  std::size_t best_d = std::max<std::size_t>(2, word.size() / 3) + 1;
-  for (const auto& c : candidates) {
-    const auto d = edit_distance(word, c);
-    if (d < best_d) best = c, best_d = d;
-  }
-  return best;
-}
-}  // namespace detail
 
 }  // namespace baton

@@ -21,6 +21,7 @@
 
 #include "baton/error.hpp"
 #include "baton/events.hpp"
+#include "baton/params.hpp"
 
 namespace baton::callbacks {
 
@@ -61,6 +62,13 @@ struct ThresholdOptions {
 };
 /// Ends the fit once an evaluated metric reaches a threshold.
 Callback threshold_stop(ThresholdOptions o);
+
+/// The callback named `name` with options from `params` (the TOML keys of docs/config.md), as a
+/// stage's `callbacks = { early_stopping = { patience = 2 } }` names it: `every` for the
+/// monitors; `metric`, `mode` ("min" | "max"), `patience`, `min_delta` for early_stopping;
+/// `metric`, `mode`, `threshold` (required) for threshold_stop. Unknown names or keys are errors
+/// listing the known ones.
+Expected<Callback> from_name(const std::string& name, const Params& params);
 
 }  // namespace baton::callbacks
 

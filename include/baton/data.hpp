@@ -1,10 +1,12 @@
 #pragma once
 /// \file data.hpp
 /// In-memory datasets, MNIST-format IDX files (plain or .gz), Fashion-MNIST from the Debian
-/// package dataset-fashion-mnist, and the data order: a pure function of (seed, epoch).
+/// package dataset-fashion-mnist, CSV tables, synthetic blobs, and the data order: a pure function
+/// of (seed, epoch).
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <torch/types.h>
@@ -67,6 +69,46 @@ inline const std::filesystem::path fashion_mnist_dir = "/usr/share/datasets/fash
 /// Fashion-MNIST (60,000 train / 10,000 test 28x28 grey images, 10 classes) from `dir`.
 Expected<Dataset> fashion_mnist(Split split, const std::filesystem::path& dir = fashion_mnist_dir,
                                 const ImageOptions& options = {});
+
+/// Options for a CSV table: a header row of column names, then one sample per row, every cell a
+/// number.
+struct CsvOptions {
+  std::filesystem::path path;
+  std::string target;          ///< the target column's name; "" for the last column
+  bool classification = true;  ///< int64 class targets [N] (integers >= 0); false: float32 regression targets [N, 1]
+};
+
+/// A dataset from a CSV file (the `csv` kind of a curriculum): inputs float32 [N, columns - 1],
+/// the other columns in file order. Empty lines are skipped. A missing file, a row with the wrong
+/// number of cells, a cell that is not a finite number (or, for a feature, not a finite 32-bit
+/// float) and, for classification, a target that is not a class index are errors naming the file,
+/// the line and the column.
+///
+/// ```cpp
+/// auto iris = baton::data::csv({.path = "iris.csv", .target = "species"});
+/// ```
+Expected<Dataset> csv(const CsvOptions& options);
+
+/// Options for synthetic data: Gaussian blobs, one per class.
+struct SyntheticOptions {
+  std::int64_t samples = 1000;
+  std::int64_t features = 8;
+  std::int64_t classes = 4;
+  std::uint64_t seed = 0;                    ///< fixes the task (the class centers)
+  std::optional<std::uint64_t> sample_seed;  ///< fixes the samples drawn (default: seed + 1)
+};
+
+/// A classification task for tests and examples (the `synthetic` kind of a curriculum): class
+/// centers drawn from N(0, 2^2) per feature with `seed`, samples from N(center, 1) with
+/// `sample_seed`, so a train and a test set of one task differ only in their sample_seed. Inputs
+/// float32 [samples, features], targets int64 [samples]. Needs samples >= 1, features >= 1,
+/// classes >= 2, and at most 2^31 floats of inputs (and of centers).
+///
+/// ```cpp
+/// auto train = baton::data::synthetic({.samples = 2000, .classes = 3, .seed = 7});
+/// auto test  = baton::data::synthetic({.samples = 500, .classes = 3, .seed = 7, .sample_seed = 99});
+/// ```
+Expected<Dataset> synthetic(const SyntheticOptions& options);
 
 /// The order in which epoch `epoch` visits a dataset of `size` samples: a permutation of
 /// [0, size) that depends only on (seed, epoch, size), identical on every platform and LibTorch

@@ -1,0 +1,72 @@
+// The built-in callbacks by name, with options from a TOML table (callbacks::from_name).
+#include <cmath>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "baton/callbacks.hpp"
+#include "params_reader.hpp"
+
+namespace baton::callbacks {
+
+Expected<Callback> from_name(const std::string& name, const Params& params) {
+  detail::ParamReader r(params, "callbacks." + name);
+  const std::vector<std::string> known = {"train_monitor", "lr_monitor", "throughput", "memory_monitor",
+                                          "grad_norm_monitor", "nan_monitor", "early_stopping", "threshold_stop"};
+  auto mode = [&](Mode fallback) {
+    auto it = params.find("mode");
+    r.seen("mode");
+    if (it == params.end()) return fallback;
+    const auto* s = std::get_if<std::string>(&it->second);
+    if (s && *s == "max") return Mode::max;
+    if (s && *s == "min") return Mode::min;
+    r.problem(fmt::format("callbacks.{}.mode: expected \"max\" or \"min\"", name));
+    return fallback;
+  };
+  auto text = [&](const std::string& key, std::string fallback) {
+    auto it = params.find(key);
+    r.seen(key);
+    if (it == params.end()) return fallback;
+    if (const auto* s = std::get_if<std::string>(&it->second)) return *s;
+    r.problem(fmt::format("callbacks.{}.{}: expected a text", name, key));
+    return fallback;
+  };
+  auto every = [&] {
+    const double v = r.number("every", 1);
+    if (v < 1 || v != std::floor(v)) r.problem(fmt::format("callbacks.{}.every: expected a whole number >= 1, got {}", name, v));
+    return MonitorOptions{v >= 1 && v <= 9.0e15 ? static_cast<std::int64_t>(v) : 1};
+  };
+  std::optional<Callback> out;
+  if (name == "train_monitor") out = train_monitor(every());
+  else if (name == "lr_monitor") out = lr_monitor(every());
+  else if (name == "throughput") out = throughput(every());
+  else if (name == "memory_monitor") out = memory_monitor(every());
+  else if (name == "grad_norm_monitor") out = grad_norm_monitor(every());
+  else if (name == "nan_monitor") out = nan_monitor(every());
+  else if (name == "early_stopping") {
+    EarlyStoppingOptions o;
+    o.metric = text("metric", o.metric);
+    o.mode = mode(o.mode);
+    const double patience = r.number("patience", 3);
+    if (patience < 1 || patience != std::floor(patience))
+      r.problem(fmt::format("callbacks.early_stopping.patience: expected a whole number >= 1, got {}", patience));
+    o.patience = patience >= 1 && patience <= 9.0e15 ? static_cast<std::int64_t>(patience) : 1;
+    o.min_delta = r.number("min_delta", 0);
+    if (o.min_delta < 0) r.problem(fmt::format("callbacks.early_stopping.min_delta: must be >= 0, got {}", o.min_delta));
+    out = early_stopping(o);
+  } else if (name == "threshold_stop") {
+    ThresholdOptions o;
+    o.metric = text("metric", o.metric);
+    o.mode = mode(o.mode);
+    if (!params.count("threshold")) r.problem("callbacks.threshold_stop.threshold: required (a number)");
+    o.threshold = r.number("threshold", 0);
+    out = threshold_stop(o);
+  } else {
+    return fail(ErrorCode::invalid_argument, fmt::format("callbacks: unknown callback \"{}\"{}; known: {}", name,
+                                                         detail::did_you_mean(name, known), fmt::join(known, ", ")));
+  }
+  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+  return std::move(*out);
+}
+
+}  // namespace baton::callbacks

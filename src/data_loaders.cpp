@@ -1,0 +1,124 @@
+// Datasets from CSV tables and synthetic Gaussian blobs (include/baton/data.hpp). The curriculum's
+// `csv` and `synthetic` kinds read their keys in src/hparams/registry.cpp and call these.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "baton/data.hpp"
+#include "detail.hpp"
+
+namespace baton::data {
+namespace {
+
+std::vector<std::string> split_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  std::stringstream ss(line);
+  for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+  return cells;
+}
+
+/// A CSV file's numbers: features row by row, targets, and the header they came with.
+struct Table {
+  std::vector<std::string> header;
+  std::size_t target_col = 0;
+  std::vector<float> xs;
+  std::vector<double> ys;
+  std::size_t rows = 0;
+};
+
+/// Reads the header and the data rows, checking every cell.
+Expected<Table> read_table(const std::string& path, const std::string& target) {
+  std::ifstream in(path);
+  if (!in) return fail(ErrorCode::io, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  std::string line;
+  if (!std::getline(in, line)) return fail(ErrorCode::data, fmt::format("{}: empty file", path));
+  Table t;
+  t.header = split_cells(line);
+  const auto& header = t.header;
+  t.target_col = header.size() - 1;
+  if (!target.empty()) {
+    auto it = std::find(header.begin(), header.end(), target);
+    if (it == header.end())
+      return fail(ErrorCode::data, fmt::format("{}: no column \"{}\" in the header ({})", path, target, fmt::join(header, ", ")));
+    t.target_col = static_cast<std::size_t>(it - header.begin());
+  }
+  for (std::size_t lineno = 2; std::getline(in, line); ++lineno) {
+    if (line.empty()) continue;
+    const auto cells = split_cells(line);
+    if (cells.size() != header.size())
+      return fail(ErrorCode::data, fmt::format("{}:{}: {} cells, the header has {}", path, lineno, cells.size(), header.size()));
+    for (std::size_t c = 0; c < cells.size(); ++c) {
+      char* end = nullptr;
+      const double v = std::strtod(cells[c].c_str(), &end);
+      if (end == cells[c].c_str() || *end != '\0')
+        return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": \"{}\" is not a number", path, lineno, header[c], cells[c]));
+      // inf and nan parse as numbers but cannot be trained on; a feature beyond float's range
+      // would overflow the float conversion below (undefined behaviour).
+      if (!std::isfinite(v) || (c != t.target_col && std::abs(v) > std::numeric_limits<float>::max()))
+        return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": {} is not {}", path, lineno, header[c], cells[c],
+                                                 c == t.target_col ? "a finite number" : "a finite 32-bit float"));
+      if (c == t.target_col) t.ys.push_back(v);
+      else t.xs.push_back(static_cast<float>(v));
+    }
+    ++t.rows;
+  }
+  if (t.rows == 0) return fail(ErrorCode::data, fmt::format("{}: no data rows", path));
+  return t;
+}
+
+}  // namespace
+
+Expected<Dataset> csv(const CsvOptions& options) {
+  return detail::guard([&]() -> Expected<Dataset> {
+    const std::string path = options.path.string();
+    auto table = read_table(path, options.target);
+    if (!table) return tl::unexpected(table.error());
+    auto& t = *table;
+    const auto rows = static_cast<std::int64_t>(t.rows);
+    const auto features = static_cast<std::int64_t>(t.header.size() - 1);
+    auto x = torch::from_blob(t.xs.data(), {rows, features}, torch::kFloat32).clone();
+    auto y = torch::from_blob(t.ys.data(), {rows}, torch::kFloat64).clone();
+    if (options.classification) {
+      // The upper bound keeps the conversion to int64 exact (and defined).
+      if (!y.eq(y.round()).all().item<bool>() || y.min().item<double>() < 0 || y.max().item<double>() > 9.0e15)
+        return fail(ErrorCode::data, fmt::format("{}: target \"{}\" must hold class indices (integers >= 0) "
+                                                 "for classification; set classification = false for regression",
+                                                 path, t.header[t.target_col]));
+      y = y.to(torch::kLong);
+    } else {
+      y = y.to(torch::kFloat32).unsqueeze(1);
+    }
+    return make_dataset(x, y, path);
+  });
+}
+
+Expected<Dataset> synthetic(const SyntheticOptions& options) {
+  const auto n = options.samples, features = options.features, classes = options.classes;
+  const auto seed = options.seed, sample_seed = options.sample_seed.value_or(seed + 1);
+  if (n < 1 || features < 1 || classes < 2)
+    return fail(ErrorCode::invalid_argument, "synthetic dataset: needs samples >= 1, features >= 1, classes >= 2");
+  // Checked one by one first, so that the products cannot overflow.
+  constexpr std::int64_t floats = std::int64_t{1} << 31, width = std::int64_t{1} << 20;
+  if (n > floats || features > width || classes > width || n * features > floats || classes * features > floats)
+    return fail(ErrorCode::invalid_argument, fmt::format("synthetic dataset: {} samples x {} features ({} classes) is too "
+                                                         "large (at most 2^31 floats)", n, features, classes));
+  return detail::guard([&]() -> Expected<Dataset> {
+    // `seed` fixes the task (the class centers); `sample_seed` the samples drawn from it, so a
+    // train and a test set of one task differ only in their sample_seed.
+    auto task = at::detail::createCPUGenerator(seed);
+    auto centers = torch::randn({classes, features}, task) * 2.0;
+    auto gen = at::detail::createCPUGenerator(sample_seed);
+    auto y = torch::randint(0, classes, {n}, gen, torch::kLong);
+    auto x = centers.index_select(0, y) + torch::randn({n, features}, gen);
+    return make_dataset(x, y, fmt::format("synthetic(seed {}, sample_seed {})", seed, sample_seed));
+  });
+}
+
+}  // namespace baton::data

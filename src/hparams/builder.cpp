@@ -1,0 +1,369 @@
+// SpecBuilder: one stage of a curriculum, its keys looked up through layers (set() overrides, the
+// stage's own table, earlier stages, [defaults]), built into a TrainingSpec with every problem
+// of the stage at once.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "baton/algorithms.hpp"
+#include "baton/callbacks.hpp"
+#include "baton/schedule.hpp"
+#include "../suggest.hpp"
+#include "internal.hpp"
+
+namespace baton {
+
+using detail::Problems;
+using detail::Reader;
+using detail::kInheritable;
+using detail::kStageOnly;
+
+// ---------------------------------------------------------------- SpecBuilder::Impl
+std::vector<const toml::table*> SpecBuilder::Impl::layers(bool inheritable) const {
+  std::vector<const toml::table*> out = {overrides.get(), &own()};
+  if (!inheritable) return out;
+  const auto* stages = doc->root["stages"].as_array();
+  for (std::size_t i = index; i-- > 0;) out.push_back(stages->at(i).as_table());
+  if (const auto* d = doc->root["defaults"].as_table()) out.push_back(d);
+  return out;
+}
+
+const toml::node* SpecBuilder::Impl::get(const std::string& key) const {
+  for (const auto* t : layers(detail::contains(kInheritable, key)))
+    if (const auto* n = t->get(key)) return n;
+  return nullptr;
+}
+
+std::map<std::string, const toml::node*> SpecBuilder::Impl::merged(const std::string& key, std::optional<std::string>& name,
+                                                                   Problems& p) const {
+  std::map<std::string, const toml::node*> out;
+  for (const auto* layer : layers(true)) {
+    const auto* n = layer->get(key);
+    if (!n) continue;
+    const auto* t = n->as_table();
+    if (!t) {
+      if (key != "eval" && n->is_string() && !name) {  // shorthand: optimizer = "adam"
+        name = *n->value<std::string>();
+        continue;
+      }
+      p.add(n, fmt::format("stage \"{}\": {}: expected a table, got {}", this->name(), key, detail::type_name(*n)));
+      break;
+    }
+    if (const auto* nm = t->get("name")) {
+      const auto this_name = nm->value<std::string>().value_or("");
+      if (!name) name = this_name;
+      else if (*name != this_name) break;
+    }
+    for (auto&& [k, v] : *t)
+      if (k.str() != "name" && !out.count(std::string(k.str()))) out[std::string(k.str())] = &v;
+  }
+  return out;
+}
+
+Expected<Dataset> SpecBuilder::Impl::dataset(const std::string& name) const {
+  if (auto it = bound.find(name); it != bound.end()) return it->second;
+  return doc->dataset(name);
+}
+
+// ---------------------------------------------------------------- changes
+SpecBuilder::SpecBuilder(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+const std::string& SpecBuilder::name() const { return impl_->name(); }
+
+SpecBuilder SpecBuilder::set(const std::string& key, ParamValue value) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  auto table = std::make_shared<toml::table>(impl->overrides ? *impl->overrides : toml::table{});
+  toml::table holder;
+  std::visit([&](const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<V, std::vector<double>> || std::is_same_v<V, std::vector<std::string>>) {
+      toml::array a;
+      for (const auto& e : v) a.push_back(e);
+      holder.insert("v", a);
+    } else if constexpr (std::is_same_v<V, double>) {
+      // ParamValue has one number type: whole numbers become TOML integers (batch_size = 8),
+      // which every number-valued key accepts too.
+      if (std::floor(v) == v && std::abs(v) < 9.0e15) holder.insert("v", static_cast<std::int64_t>(v));
+      else holder.insert("v", v);
+    } else {
+      holder.insert("v", v);
+    }
+  }, value);
+  detail::insert_at(*table, detail::split_path(key), 0, *holder.get("v"));
+  impl->overrides = std::move(table);
+  return SpecBuilder(std::move(impl));
+}
+
+SpecBuilder SpecBuilder::with_dataset(const std::string& name, Dataset dataset) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->bound[name] = std::move(dataset);
+  return SpecBuilder(std::move(impl));
+}
+
+SpecBuilder SpecBuilder::with(std::function<TrainingSpec(TrainingSpec)> change) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->changes.push_back(std::move(change));
+  return SpecBuilder(std::move(impl));
+}
+
+// ---------------------------------------------------------------- build
+namespace {
+using Impl = SpecBuilder::Impl;
+
+const std::vector<std::string> kEvalKeys = {"sets", "interval", "batch_size", "top_k", "limit", "weights"};
+
+/// The plain keys: duration, data and batching, loss, accumulation, clipping, clock, carry, freeze.
+void read_plain_keys(const Impl& b, Reader& r, TrainingSpec& spec) {
+  Problems& p = r.p;
+  const std::string& stage = b.name();
+  if (const auto* n = b.get("duration")) {
+    if (auto t = r.time(n, "duration")) spec.duration = *t;
+  } else {
+    p.add(&b.own(), fmt::format("stage \"{}\": duration: required (e.g. duration = \"2ep\")", stage));
+  }
+  const std::string data_name = r.string(b.get("data"), "data").value_or("train");
+  if (auto ds = b.dataset(data_name)) spec.data.train = *ds;
+  else p.add(b.get("data"), fmt::format("stage \"{}\": data: {}", stage, ds.error().to_string()));
+  if (auto v = r.integer(b.get("batch_size"), "batch_size", 1)) spec.data.batch_size = *v;
+  if (auto v = r.boolean(b.get("shuffle"), "shuffle")) spec.data.shuffle = *v;
+  if (auto v = r.boolean(b.get("drop_last"), "drop_last")) spec.data.drop_last = *v;
+  if (auto v = r.one_of<Loss>(b.get("loss"), "loss", {{"cross_entropy", loss::cross_entropy()}, {"mse", loss::mse()}})) spec.loss = *v;
+  if (auto v = r.integer(b.get("grad_accum"), "grad_accum", 1)) spec.grad_accum = *v;
+  if (auto v = r.number(b.get("clip_grad_norm"), "clip_grad_norm")) spec.clip_grad_norm = *v;
+  if (auto v = r.number(b.get("clip_grad_value"), "clip_grad_value")) spec.clip_grad_value = *v;
+  if (auto v = r.one_of<Clock>(b.get("clock"), "clock", {{"run", Clock::run}, {"stage", Clock::stage}})) spec.schedule_clock = *v;
+  if (auto v = r.one_of<Carry>(b.get("optimizer_carry"), "optimizer_carry", {{"keep", Carry::keep}, {"fresh", Carry::fresh}}))
+    spec.optimizer_carry = *v;
+  if (auto v = r.strings(b.get("freeze"), "freeze")) spec.freeze = *v;
+  if (auto v = r.one_of<NonFinite>(b.get("on_non_finite"), "on_non_finite",
+                                   {{"error", NonFinite::error}, {"skip", NonFinite::skip}, {"stop", NonFinite::stop}}))
+    spec.on_non_finite = *v;
+}
+
+/// algorithms = { mixup = { alpha = 0.2 }, ema = {}, order = ["ema", "mixup"] }: the most
+/// specific layer's table replaces the others whole, so a stage can switch algorithms off with
+/// `algorithms = {}`.
+void read_algorithms(const Impl& b, Reader& r, TrainingSpec& spec) {
+  Problems& p = r.p;
+  const auto* n = b.get("algorithms");
+  if (!n) return;
+  const auto* t = n->as_table();
+  if (!t) {
+    p.add(n, fmt::format("{}algorithms: expected a table such as {{ mixup = {{ alpha = 0.2 }} }}, got {}", r.path,
+                         detail::type_name(*n)));
+    return;
+  }
+  std::vector<std::string> order = algorithms::default_order();
+  if (const auto* o = t->get("order")) {
+    if (auto v = r.strings(o, "algorithms.order")) {
+      for (const auto& name : *v)
+        if (!t->contains(name))
+          p.add(o, fmt::format("{}algorithms.order: \"{}\" is not one of this stage's algorithms", r.path, name));
+      order = *v;
+      for (const auto& name : algorithms::default_order())  // the rest keep the default order
+        if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);
+    }
+  }
+  for (const auto& [key, node] : *t) {
+    const std::string name(key.str());
+    if (name == "order") continue;
+    if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);  // unknown: error below
+  }
+  for (const auto& name : order) {
+    const auto* node = t->get(name);
+    if (!node) continue;
+    const auto* opts = node->as_table();
+    if (!opts) {
+      p.add(node, fmt::format("{}algorithms.{}: expected a table of options (e.g. {} = {{}})", r.path, name, name));
+      continue;
+    }
+    auto a = algorithms::from_name(name, detail::to_params(*opts, {}, r.path + "algorithms." + name, p));
+    if (a) spec.algorithms.push_back(std::move(*a));
+    else p.add(node, r.path + a.error().message);
+  }
+}
+
+/// callbacks = { early_stopping = { metric = "test/accuracy", mode = "max", patience = 2 }, ... }
+void read_callbacks(const Impl& b, Reader& r, TrainingSpec& spec) {
+  Problems& p = r.p;
+  const auto* n = b.get("callbacks");
+  if (!n) return;
+  const auto* t = n->as_table();
+  if (!t) {
+    p.add(n, fmt::format("{}callbacks: expected a table such as {{ early_stopping = {{ patience = 3 }} }}, got {}", r.path,
+                         detail::type_name(*n)));
+    return;
+  }
+  for (const auto& [key, node] : *t) {
+    const std::string name(key.str());
+    const auto* opts = node.as_table();
+    if (!opts) {
+      p.add(&node, fmt::format("{}callbacks.{}: expected a table of options", r.path, name));
+      continue;
+    }
+    auto c = callbacks::from_name(name, detail::to_params(*opts, {}, r.path + "callbacks." + name, p));
+    if (c) spec.callbacks.push_back(std::move(*c));
+    else p.add(&node, r.path + c.error().message);
+  }
+}
+
+/// model carry-over: "keep" | "reinitialize" | "transfer" | {carry = ..., fresh = [...]}
+void read_model_carry(const Impl& b, Reader& r, TrainingSpec& spec) {
+  const auto* n = b.get("model");
+  if (!n) return;
+  const std::vector<std::pair<std::string, ModelCarry::Kind>> kinds = {
+      {"keep", ModelCarry::Kind::keep}, {"reinitialize", ModelCarry::Kind::reinitialize}, {"transfer", ModelCarry::Kind::transfer}};
+  if (const auto* t = n->as_table()) {
+    detail::check_keys(*t, {"carry", "fresh"}, r.path + "model", r.p);
+    if (auto k = r.one_of(t->get("carry"), "model.carry", kinds)) spec.model.kind = *k;
+    if (auto f = r.strings(t->get("fresh"), "model.fresh")) spec.model.fresh = *f;
+  } else if (auto k = r.one_of(n, "model", kinds)) {
+    spec.model.kind = *k;
+  }
+}
+
+/// optimizer.groups = [{patterns = [...], lr = ..., weight_decay = ...}, ...]
+std::vector<ParamGroup> read_groups(const toml::node* node, Reader& r) {
+  Problems& p = r.p;
+  std::vector<ParamGroup> groups;
+  const auto* arr = node->as_array();
+  if (!arr) {
+    p.add(node, r.path + "optimizer.groups: expected an array of tables");
+    return groups;
+  }
+  for (const auto& g : *arr) {
+    const auto* gt = g.as_table();
+    if (!gt) { p.add(&g, r.path + "optimizer.groups: expected tables {patterns = [...], lr = ...}"); continue; }
+    detail::check_keys(*gt, {"patterns", "lr", "weight_decay"}, r.path + "optimizer.groups[]", p);
+    ParamGroup group;
+    if (auto pats = r.strings(gt->get("patterns"), "optimizer.groups.patterns")) group.patterns = *pats;
+    if (auto lr = r.number(gt->get("lr"), "optimizer.groups.lr")) group.lr = *lr;
+    if (auto wd = r.number(gt->get("weight_decay"), "optimizer.groups.weight_decay")) group.weight_decay = *wd;
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+void read_optimizer(const Impl& b, Reader& r, TrainingSpec& spec) {
+  Problems& p = r.p;
+  std::optional<std::string> name;
+  auto keys = b.merged("optimizer", name, p);
+  Params params;
+  std::vector<ParamGroup> groups;
+  for (const auto& [k, node] : keys) {
+    if (k == "groups") {
+      groups = read_groups(node, r);
+      continue;
+    }
+    if (auto v = detail::to_param(*node)) params[k] = *v;
+    else p.add(node, fmt::format("{}optimizer.{}: {} is not allowed here", r.path, k, detail::type_name(*node)));
+  }
+  auto opt = optim::from_name(name.value_or("sgd"), params);
+  if (opt) spec.optimizer = opt->with_groups(std::move(groups));
+  else p.add(b.get("optimizer"), r.path + opt.error().message);
+}
+
+void read_schedule(const Impl& b, Reader& r, TrainingSpec& spec) {
+  Problems& p = r.p;
+  std::optional<std::string> name;
+  auto keys = b.merged("schedule", name, p);
+  Params params;
+  for (const auto& [k, node] : keys) {
+    if (auto v = detail::to_param(*node)) params[k] = *v;
+    else p.add(node, fmt::format("{}schedule.{}: {} is not allowed here", r.path, k, detail::type_name(*node)));
+  }
+  auto s = schedule::from_name(name.value_or("constant"), params);
+  if (s) spec.schedule = *s;
+  else p.add(b.get("schedule"), r.path + s.error().message);
+}
+
+/// The stage's eval table as a plan (the loss is the caller's to set).
+EvalPlan parse_eval(const Impl& b, Problems& p) {
+  Reader r{p, fmt::format("stage \"{}\": eval.", b.name())};
+  std::optional<std::string> unused;
+  auto keys = b.merged("eval", unused, p);
+  auto at = [&](const char* k) { auto it = keys.find(k); return it == keys.end() ? nullptr : it->second; };
+  EvalPlan plan;
+  for (const auto& name : r.strings(at("sets"), "sets").value_or(std::vector<std::string>{})) {
+    if (auto ds = b.dataset(name)) plan.spec.sets.emplace_back(name, *ds);
+    else p.add(at("sets"), r.path + "sets: " + ds.error().to_string());
+  }
+  if (const auto* n = at("interval")) plan.interval = r.time(n, "interval");
+  if (auto v = r.integer(at("batch_size"), "batch_size", 1)) plan.spec.batch_size = *v;
+  if (auto v = r.integer(at("limit"), "limit", 1)) plan.spec.limit = *v;
+  if (auto v = r.string(at("weights"), "weights")) plan.spec.weights = *v;
+  if (const auto* n = at("top_k")) {
+    if (const auto* a = n->as_array()) {
+      plan.spec.top_k.clear();
+      for (const auto& e : *a)
+        if (e.is_integer() && *e.value<std::int64_t>() >= 1) plan.spec.top_k.push_back(*e.value<std::int64_t>());
+        else p.add(&e, r.path + "top_k: expected positive integers");
+    } else {
+      p.add(n, r.path + "top_k: expected an array of integers");
+    }
+  }
+  for (const auto& [k, node] : keys)
+    if (!detail::contains(kEvalKeys, k))
+      p.add(node, fmt::format("{}{}: unknown key{}; valid keys: {}", r.path, k, detail::did_you_mean(k, kEvalKeys),
+                              fmt::join(kEvalKeys, ", ")));
+  if (plan.interval && plan.interval->value <= 0) p.add(at("interval"), r.path + "interval: must be more than zero");
+  return plan;
+}
+}  // namespace
+
+Expected<TrainingSpec> SpecBuilder::build() const {
+  const Impl& b = *impl_;
+  Problems p{b.doc->source, {}};
+  Reader r{p, fmt::format("stage \"{}\": ", b.name())};
+  TrainingSpec spec;
+  spec.name = b.name();
+  spec.device = b.doc->run.device;
+  read_plain_keys(b, r, spec);
+  read_algorithms(b, r, spec);
+  read_callbacks(b, r, spec);
+  read_model_carry(b, r, spec);
+  read_optimizer(b, r, spec);
+  read_schedule(b, r, spec);
+  // Evaluation during the fit: at the eval interval and at the stage's end.
+  if (EvalPlan plan = parse_eval(b, p); !plan.spec.sets.empty()) {
+    plan.spec.loss = spec.loss;
+    spec.evaluation = EvalSchedule{plan.spec, plan.interval, true};
+  }
+  if (!p.empty()) return tl::unexpected(p.error());
+  for (const auto& change : b.changes) spec = change(std::move(spec));
+  if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error());
+  return spec;
+}
+
+Expected<EvalPlan> SpecBuilder::eval() const {
+  Problems p{impl_->doc->source, {}};
+  EvalPlan plan = parse_eval(*impl_, p);
+  if (!p.empty()) return tl::unexpected(p.error());
+  if (auto spec = build()) plan.spec.loss = spec->loss;
+  return plan;
+}
+
+std::string SpecBuilder::to_toml() const {
+  toml::table out;
+  out.insert("name", impl_->name());
+  for (const auto& key : kStageOnly)
+    if (const auto* n = impl_->get(key); n && key != "name") n->visit([&](auto&& v) { out.insert(key, v); });
+  Problems ignored{impl_->doc->source, {}};
+  for (const auto& key : kInheritable) {
+    if (key == "optimizer" || key == "schedule" || key == "eval") {
+      std::optional<std::string> name;
+      auto keys = impl_->merged(key, name, ignored);
+      if (keys.empty() && !name) continue;
+      toml::table t;
+      if (name) t.insert("name", *name);
+      for (const auto& [k, node] : keys) node->visit([&, k = k](auto&& v) { t.insert(k, v); });
+      out.insert(key, std::move(t));
+    } else if (const auto* n = impl_->get(key)) {
+      n->visit([&](auto&& v) { out.insert(key, v); });
+    }
+  }
+  std::ostringstream ss;
+  ss << out;
+  return ss.str();
+}
+
+}  // namespace baton

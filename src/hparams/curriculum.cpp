@@ -1,0 +1,362 @@
+// Curriculum: the parsed document (run settings, model, datasets, stages), checked all at once,
+// with its resolved form and fingerprint; parse_curriculum and load_curriculum.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <openssl/evp.h>
+
+#include "../detail.hpp"
+#include "../suggest.hpp"
+#include "internal.hpp"
+
+namespace baton {
+
+using detail::Document;
+using detail::Problems;
+using detail::Reader;
+
+// ---------------------------------------------------------------- the document
+Expected<Dataset> detail::Document::dataset(const std::string& name) const {
+  if (auto it = bound.find(name); it != bound.end()) return it->second;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(name); it != cache.end()) return it->second;
+  const auto* table = root["datasets"][name].as_table();
+  Expected<Dataset> loaded = [&]() -> Expected<Dataset> {
+    if (!table) {
+      std::vector<std::string> names;
+      if (const auto* ds = root["datasets"].as_table())
+        for (auto&& [k, v] : *ds) names.emplace_back(k.str());
+      for (const auto& [k, v] : bound) names.push_back(k);
+      return fail(ErrorCode::invalid_spec, fmt::format("no dataset \"{}\"; datasets: {}", name, fmt::join(names, ", ")));
+    }
+    const auto kind = (*table)["kind"].value<std::string>().value_or("");
+    const auto entry_it = registry.datasets.find(kind);
+    if (entry_it == registry.datasets.end())
+      return fail(ErrorCode::invalid_spec, fmt::format("unknown dataset kind \"{}\"", kind));
+    const auto& entry = entry_it->second;
+    Problems ignored{source, {}};
+    Params params = detail::to_params(*table, {"kind", "limit"}, "datasets." + name, ignored);
+    auto ds = detail::guard([&] { return entry.load(params); });
+    if (!ds) return tl::unexpected(ds.error().with_context(fmt::format("dataset \"{}\"", name)));
+    if (const auto* limit = table->get("limit"); limit && limit->is_integer() && *limit->value<std::int64_t>() > 0)
+      *ds = ds->head(*limit->value<std::int64_t>());
+    ds->name = name;
+    return ds;
+  }();
+  cache.emplace(name, loaded);
+  return loaded;
+}
+
+// ---------------------------------------------------------------- Curriculum
+struct Curriculum::Impl {
+  std::shared_ptr<Document> doc;
+  std::vector<SpecBuilder> stages;
+  std::optional<ModelFactory> model;
+  std::string resolved;
+  std::string fingerprint;
+};
+
+Curriculum::Curriculum(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+const RunConfig& Curriculum::run() const { return impl_->doc->run; }
+const std::vector<SpecBuilder>& Curriculum::stages() const { return impl_->stages; }
+const std::string& Curriculum::resolved_toml() const { return impl_->resolved; }
+const std::string& Curriculum::fingerprint() const { return impl_->fingerprint; }
+
+Curriculum Curriculum::with_model(ModelFactory factory) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->model = std::move(factory);
+  return Curriculum(std::move(impl));
+}
+
+Curriculum Curriculum::with_dataset(const std::string& name, Dataset dataset) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  for (auto& s : impl->stages) s = s.with_dataset(name, dataset);
+  return Curriculum(std::move(impl));
+}
+
+Expected<Dataset> Curriculum::dataset(const std::string& name) const {
+  if (!impl_->stages.empty()) return impl_->stages.front().impl()->dataset(name);
+  return impl_->doc->dataset(name);
+}
+
+Expected<ModelFactory> Curriculum::model() const {
+  if (impl_->model) return *impl_->model;
+  const auto& root = impl_->doc->root;
+  const auto* t = root["model"].as_table();
+  if (!t) return fail(ErrorCode::invalid_spec, fmt::format("{}: no [model] table and no model bound with with_model()", impl_->doc->source));
+  const auto name = (*t)["name"].value<std::string>().value_or("");
+  Problems p{impl_->doc->source, {}};
+  const Params params = detail::to_params(*t, {"name"}, "model", p);
+  if (!p.empty()) return tl::unexpected(p.error());
+  const auto it = impl_->doc->registry.models.find(name);
+  if (it == impl_->doc->registry.models.end())
+    return fail(ErrorCode::invalid_spec, fmt::format("{}: unknown model \"{}\"", impl_->doc->source, name));
+  auto made = it->second.make(params);
+  if (!made) return tl::unexpected(made.error().with_context(fmt::format("{}: model \"{}\"", impl_->doc->source, name)));
+  return made;
+}
+
+Expected<TrainState> Curriculum::init() const {
+  return model().and_then([&](const ModelFactory& f) {
+    return init_state(f, {.seed = run().seed, .max_duration = run().max_duration});
+  });
+}
+
+namespace {
+/// Builds every stage and its evaluation plan, adding their problems.
+void check_stages(const Curriculum& cur, Problems& all) {
+  const auto& run = cur.run();
+  for (const auto& stage : cur.stages()) {
+    auto plan = stage.eval();
+    if (!plan) detail::add_unique(all.list, detail::problem_lines(plan.error()));
+    auto spec = stage.build();
+    if (!spec) {
+      detail::add_unique(all.list, detail::problem_lines(spec.error()));
+      continue;
+    }
+    // A stage longer than the whole run can never be trained as written.
+    const auto n = spec->data.train.size(), bs = spec->data.batch_size;
+    const double per_epoch = static_cast<double>(spec->data.drop_last ? n / bs : (n + bs - 1) / bs);
+    auto batches = [&](Time t) {
+      switch (t.unit) {
+        case TimeUnit::epoch: return t.value * per_epoch;
+        case TimeUnit::batch: return t.value;
+        case TimeUnit::sample: return std::ceil(t.value / static_cast<double>(bs));
+        case TimeUnit::duration: return 0.0;
+      }
+      return 0.0;
+    };
+    const double stage_b = batches(spec->duration), max_b = batches(run.max_duration);
+    if (run.max_duration.value > 0 && stage_b > max_b)
+      all.list.push_back(fmt::format("{}: stage \"{}\": duration {} ({:.0f} batches) exceeds the run's max_duration {} "
+                                     "({:.0f} batches); raise run.max_duration or shorten the stage",
+                                     all.source, spec->name, spec->duration.to_string(), stage_b,
+                                     run.max_duration.to_string(), max_b));
+  }
+}
+}  // namespace
+
+Expected<void> Curriculum::validate() const {
+  Problems all{impl_->doc->source, {}};
+  auto factory = model();
+  if (!factory) detail::add_unique(all.list, detail::problem_lines(factory.error()));
+  check_stages(*this, all);
+  if (all.empty()) return {};
+  return tl::unexpected(all.error());
+}
+
+// ---------------------------------------------------------------- parse_curriculum
+namespace {
+const std::vector<std::string> kRunKeys = {"name", "seed", "device", "max_duration", "run_dir", "threads",
+                                           "checkpoint_every", "keep_checkpoints", "tensorboard"};
+
+std::string sha256_hex(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
+/// [run]
+void read_run(const toml::table& root, const std::string& source, RunConfig& rc, Problems& p) {
+  Reader r{p, "run."};
+  const auto* run = root["run"].as_table();
+  if (!run) {
+    p.list.push_back(fmt::format("{}: [run] table missing (it needs at least max_duration)", source));
+    return;
+  }
+  detail::check_keys(*run, kRunKeys, "run", p);
+  rc.name = r.string(run->get("name"), "name").value_or(std::filesystem::path(source).stem().string());
+  if (auto v = r.integer(run->get("seed"), "seed", 0)) rc.seed = static_cast<std::uint64_t>(*v);
+  if (auto v = r.one_of<c10::DeviceType>(run->get("device"), "device", {{"cpu", c10::kCPU}, {"cuda", c10::kCUDA}})) rc.device = c10::Device(*v);
+  if (auto v = r.integer(run->get("threads"), "threads", 0)) rc.threads = static_cast<int>(*v);
+  if (const auto* n = run->get("max_duration")) {
+    if (auto t = r.time(n, "max_duration")) {
+      if (t->unit == TimeUnit::duration || t->value <= 0) p.add(n, "run.max_duration: must be more than zero, in ep, ba or sp");
+      else rc.max_duration = *t;
+    }
+  } else {
+    p.add(run, "run.max_duration: required (e.g. max_duration = \"4ep\")");
+  }
+  rc.run_dir = r.string(run->get("run_dir"), "run_dir").value_or("runs/" + rc.name);
+  if (const auto* n = run->get("checkpoint_every")) {
+    rc.checkpoint_every = r.time(n, "checkpoint_every");
+    if (rc.checkpoint_every && rc.checkpoint_every->value <= 0) p.add(n, "run.checkpoint_every: must be more than zero");
+  }
+  if (auto v = r.integer(run->get("keep_checkpoints"), "keep_checkpoints", 1)) rc.keep_checkpoints = static_cast<int>(*v);
+  if (auto v = r.boolean(run->get("tensorboard"), "tensorboard")) rc.tensorboard = *v;
+}
+
+/// [model]: a name the registry knows, and only its keys.
+void check_model(const toml::table& root, const Registry& registry, Problems& p) {
+  const auto* model = root["model"].as_table();
+  if (!model) return;
+  auto name = Reader{p, "model."}.string(model->get("name"), "name");
+  if (!name) {
+    if (!model->get("name")) p.add(model, "model.name: required");
+  } else if (auto it = registry.models.find(*name); it == registry.models.end()) {
+    std::vector<std::string> names;
+    for (const auto& [k, v] : registry.models) names.push_back(k);
+    p.add(model->get("name"), fmt::format("model.name: unknown model \"{}\"{}; models: {}", *name,
+                                          detail::did_you_mean(*name, names), fmt::join(names, ", ")));
+  } else {
+    auto keys = it->second.keys;
+    keys.insert(keys.begin(), "name");
+    detail::check_keys(*model, keys, "model", p);
+  }
+}
+
+/// [datasets.<name>]: each a kind the registry knows, with only its keys.
+void check_datasets(const toml::table& root, const Registry& registry, Problems& p) {
+  const auto* ds = root["datasets"].as_table();
+  if (!ds) return;
+  std::vector<std::string> kinds;
+  for (const auto& [k, v] : registry.datasets) kinds.push_back(k);
+  for (auto&& [name, node] : *ds) {
+    const std::string path = fmt::format("datasets.{}", name.str());
+    const auto* t = node.as_table();
+    if (!t) { p.add(&node, path + ": expected a table with kind = ..."); continue; }
+    auto kind = Reader{p, path + "."}.string(t->get("kind"), "kind");
+    if (!kind) {
+      if (!t->get("kind")) p.add(t, fmt::format("{}.kind: required; kinds: {}", path, fmt::join(kinds, ", ")));
+      continue;
+    }
+    auto it = registry.datasets.find(*kind);
+    if (it == registry.datasets.end()) {
+      p.add(t->get("kind"), fmt::format("{}.kind: unknown dataset kind \"{}\"{}; kinds: {}", path, *kind,
+                                        detail::did_you_mean(*kind, kinds), fmt::join(kinds, ", ")));
+      continue;
+    }
+    auto keys = it->second.keys;
+    keys.insert(keys.begin(), {"kind", "limit"});
+    detail::check_keys(*t, keys, path, p);
+    Reader{p, path + "."}.integer(t->get("limit"), "limit", 0);
+  }
+}
+
+/// [defaults] and [[stages]]: known keys, unique names, a duration each. True when every stage
+/// is a table with a name, so that builders can be made for them.
+bool check_stage_tables(const toml::table& root, const std::string& source, Problems& p) {
+  using detail::kInheritable;
+  if (const auto* d = root["defaults"].as_table()) detail::check_keys(*d, kInheritable, "defaults", p);
+  std::vector<std::string> all_stage_keys = detail::kStageOnly;
+  all_stage_keys.insert(all_stage_keys.end(), kInheritable.begin(), kInheritable.end());
+  const auto* stages = root["stages"].as_array();
+  if (!stages || stages->empty()) {
+    p.list.push_back(fmt::format("{}: no stages: add at least one [[stages]] table with name and duration", source));
+  } else {
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < stages->size(); ++i) {
+      const auto* t = stages->at(i).as_table();
+      if (!t) { p.add(&stages->at(i), "stages: every entry must be a table ([[stages]])"); continue; }
+      detail::check_keys(*t, all_stage_keys, fmt::format("stages[{}]", i), p);
+      auto name = Reader{p, fmt::format("stages[{}].", i)}.string(t->get("name"), "name");
+      if (!name) {
+        if (!t->get("name")) p.add(t, fmt::format("stages[{}].name: required (a stage is identified by its name)", i));
+      } else if (detail::contains(names, *name)) {
+        p.add(t->get("name"), fmt::format("stages[{}].name: \"{}\" is used by an earlier stage; names must be unique", i, *name));
+      } else {
+        names.push_back(*name);
+      }
+      if (!t->get("duration")) p.add(t, fmt::format("stages[{}].duration: required (e.g. duration = \"2ep\")", i));
+    }
+  }
+  return stages && !stages->empty() && std::all_of(stages->begin(), stages->end(), [](const toml::node& n) {
+           return n.is_table() && (*n.as_table())["name"].is_string();
+         });
+}
+
+/// The resolved configuration (what each stage trains with, after inheritance and overrides)
+/// and its fingerprint.
+Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
+  const auto& root = impl.doc->root;
+  toml::table head;
+  for (const char* key : {"run", "model", "datasets"})
+    if (const auto* n = root.get(key)) n->visit([&](auto&& v) { head.insert(key, v); });
+  toml::array resolved_stages;
+  for (const auto& s : impl.stages) {
+    // toml++ writes some keys it accepted (e.g. one with a quote, from --set a.b'c=1) in a form it
+    // cannot read back: a problem to report, not an exception to let escape (found by fuzz_set).
+    try {
+      resolved_stages.push_back(toml::parse(s.to_toml()));
+    } catch (const toml::parse_error& e) {
+      return fail(ErrorCode::invalid_spec,
+                  fmt::format("{}: stage \"{}\": a key cannot be written back as TOML ({}); keys are names such as "
+                              "optimizer.lr, without quotes", source, s.name(), e.description()));
+    }
+  }
+  head.insert("stages", std::move(resolved_stages));
+  std::ostringstream ss;
+  ss << "# The resolved curriculum: overrides applied, every stage with what it inherited.\n" << head << "\n";
+  impl.resolved = ss.str();
+  // The fingerprint leaves out what does not change training (where to write, how many threads),
+  // and is the same for a file and its resolved form.
+  if (auto* run = head["run"].as_table())
+    for (const char* k : {"run_dir", "threads", "checkpoint_every", "keep_checkpoints", "tensorboard"}) run->erase(k);
+  std::ostringstream fps;
+  fps << head;
+  impl.fingerprint = sha256_hex(fps.str());
+  return {};
+}
+}  // namespace
+
+Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& source,
+                                      const std::vector<std::string>& overrides, const Registry& registry) {
+  auto doc = std::make_shared<Document>();
+  doc->source = source;
+  doc->registry = registry;
+  try {
+    doc->root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    return fail(ErrorCode::invalid_spec, fmt::format("{}:{}:{}: TOML syntax error: {}", source, b.line, b.column, e.description()));
+  }
+  Problems p{source, {}};
+  auto& root = doc->root;
+  detail::apply_overrides(root, overrides, p);
+  detail::check_keys(root, {"run", "model", "datasets", "defaults", "stages"}, "(top level)", p);
+  read_run(root, source, doc->run, p);
+  check_model(root, registry, p);
+  check_datasets(root, registry, p);
+  const bool stages_ok = check_stage_tables(root, source, p);
+  if (!p.empty() && !stages_ok) return tl::unexpected(p.error());
+
+  auto impl = std::make_shared<Curriculum::Impl>();
+  impl->doc = doc;
+  const auto* stages = root["stages"].as_array();
+  for (std::size_t i = 0; i < stages->size(); ++i) {
+    auto b = std::make_shared<SpecBuilder::Impl>();
+    b->doc = doc;
+    b->index = i;
+    b->stage_name = *(*stages->at(i).as_table())["name"].value<std::string>();
+    b->overrides = std::make_shared<toml::table>();
+    impl->stages.emplace_back(std::move(b));
+  }
+  if (auto ok = resolve(*impl, source); !ok) return tl::unexpected(ok.error());
+  Curriculum cur(std::move(impl));
+  if (!p.empty()) {
+    // Report the stages' problems too: every problem at once.
+    Problems more{source, {}};
+    check_stages(cur, more);
+    detail::add_unique(p.list, more.list);
+    return tl::unexpected(p.error());
+  }
+  return cur;
+}
+
+Expected<Curriculum> load_curriculum(const std::filesystem::path& file, const std::vector<std::string>& overrides,
+                                     const Registry& registry) {
+  std::ifstream in(file);
+  if (!in) return fail(ErrorCode::io, fmt::format("{}: cannot open: {}", file.string(), std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_curriculum(ss.str(), file.string(), overrides, registry);
+}
+
+}  // namespace baton

@@ -1,0 +1,133 @@
+#pragma once
+// Internals of the TOML curriculum reader, shared by src/hparams/*.cpp. Keys are looked up
+// through layers (a stage's own table, then earlier stages, then [defaults]) over the parsed
+// document itself, so every message can point at file:line:column.
+//   toml_values.cpp  problems with their place, typed reads of TOML values, --set overrides
+//   registry.cpp     the built-in models and dataset kinds
+//   builder.cpp      SpecBuilder: one stage's table -> TrainingSpec
+//   curriculum.cpp   the document, Curriculum, parse_curriculum / load_curriculum
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include "baton/hparams.hpp"
+
+namespace baton::detail {
+
+/// Stage keys that a stage inherits from earlier stages and [defaults].
+inline const std::vector<std::string> kInheritable = {"data", "batch_size", "shuffle", "drop_last", "loss",
+                                                      "optimizer", "schedule", "clock", "grad_accum",
+                                                      "clip_grad_norm", "clip_grad_value", "eval",
+                                                      "algorithms", "callbacks", "on_non_finite"};
+/// Stage keys that belong to one stage only.
+inline const std::vector<std::string> kStageOnly = {"name", "duration", "optimizer_carry", "model", "freeze"};
+
+bool contains(const std::vector<std::string>& v, std::string_view s);
+
+/// Problems of a file, each with its place: "file.toml:12:5: message".
+struct Problems {
+  std::string source;
+  std::vector<std::string> list;
+
+  void add(const toml::node* at, const std::string& message);
+  [[nodiscard]] bool empty() const { return list.empty(); }
+  [[nodiscard]] Error error() const;
+};
+
+/// The problem lines of an error made by Problems::error() (or its one message otherwise).
+std::vector<std::string> problem_lines(const Error& e);
+/// Appends the lines not in `list` yet.
+void add_unique(std::vector<std::string>& list, const std::vector<std::string>& lines);
+/// Every key of `t` not in `known` is a problem, with a suggestion.
+void check_keys(const toml::table& t, const std::vector<std::string>& known, const std::string& path, Problems& p);
+/// "a string", "an integer", ...
+std::string type_name(const toml::node& n);
+/// A TOML value as a by-name parameter (numbers as doubles), or nullopt for tables and mixed arrays.
+std::optional<ParamValue> to_param(const toml::node& n);
+/// The keys of a table (except `skip`) as by-name parameters.
+Params to_params(const toml::table& t, const std::vector<std::string>& skip, const std::string& path, Problems& p);
+
+/// Typed reads of single values, each problem placed at its node. Every read of a missing node
+/// (nullptr) is nullopt without a problem.
+struct Reader {
+  Problems& p;
+  std::string path;  ///< put before every key in messages, e.g. "stage \"main\": "
+
+  std::optional<std::string> string(const toml::node* n, const std::string& key);
+  std::optional<std::int64_t> integer(const toml::node* n, const std::string& key, std::int64_t min);
+  std::optional<double> number(const toml::node* n, const std::string& key);
+  std::optional<bool> boolean(const toml::node* n, const std::string& key);
+  std::optional<Time> time(const toml::node* n, const std::string& key);
+  std::optional<std::vector<std::string>> strings(const toml::node* n, const std::string& key);
+  template <class T>
+  std::optional<T> one_of(const toml::node* n, const std::string& key, const std::vector<std::pair<std::string, T>>& choices) {
+    auto s = string(n, key);
+    if (!s) return std::nullopt;
+    for (const auto& [name, value] : choices)
+      if (name == *s) return value;
+    std::vector<std::string> names;
+    for (const auto& c : choices) names.push_back(c.first);
+    p.add(n, fmt::format("{}{}: \"{}\" is not one of {}", path, key, *s, fmt::join(names, ", ")));
+    return std::nullopt;
+  }
+};
+
+/// Splits "a.b.c".
+std::vector<std::string> split_path(const std::string& path);
+/// Inserts `value` at `parts[from..]` under `t`, creating tables on the way; false when the path
+/// goes through a value that is not a table.
+bool insert_at(toml::table& t, const std::vector<std::string>& parts, std::size_t from, const toml::node& value);
+/// Applies `--set path=value` overrides to the document, with the file's own paths
+/// (stage.<name>.key for a [[stages]] entry).
+void apply_overrides(toml::table& root, const std::vector<std::string>& overrides, Problems& p);
+
+/// The parsed file and what every builder shares.
+struct Document {
+  std::string source;
+  toml::table root;
+  Registry registry;
+  RunConfig run;
+  std::map<std::string, Dataset> bound;  // datasets bound from C++
+  mutable std::mutex mutex;
+  mutable std::map<std::string, Expected<Dataset>> cache;
+
+  /// A dataset by its name in the file, loaded once (under the mutex) and shared.
+  Expected<Dataset> dataset(const std::string& name) const;
+};
+
+}  // namespace baton::detail
+
+namespace baton {
+
+struct SpecBuilder::Impl {
+  std::shared_ptr<const detail::Document> doc;
+  std::size_t index = 0;                              // position in [[stages]]
+  std::string stage_name;
+  std::shared_ptr<const toml::table> overrides;       // set() from C++
+  std::map<std::string, Dataset> bound;
+  std::vector<std::function<TrainingSpec(TrainingSpec)>> changes;
+
+  const toml::table& own() const { return *doc->root["stages"].as_array()->at(index).as_table(); }
+  const std::string& name() const { return stage_name; }
+
+  /// The tables a key is looked up in, most specific first.
+  std::vector<const toml::table*> layers(bool inheritable) const;
+  const toml::node* get(const std::string& key) const;
+  /// A table key (optimizer, schedule, eval) merged across layers: keys come from the most
+  /// specific layer that sets them, until a layer names another `name` (another optimizer's keys
+  /// do not carry over). Returns key -> node, and the name.
+  std::map<std::string, const toml::node*> merged(const std::string& key, std::optional<std::string>& name,
+                                                  detail::Problems& p) const;
+  Expected<Dataset> dataset(const std::string& name) const;
+};
+
+}  // namespace baton

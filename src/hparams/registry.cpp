@@ -1,0 +1,121 @@
+// The built-in names a curriculum file may use: models and dataset kinds (Registry::builtin).
+// Each entry reads its TOML keys (as Params) and calls the library's C++ function.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "baton/hparams.hpp"
+#include "../params_reader.hpp"
+
+namespace baton {
+namespace {
+
+std::vector<std::int64_t> int_list(const Params& params, const std::string& key) {
+  std::vector<std::int64_t> out;
+  if (auto it = params.find(key); it != params.end())
+    if (const auto* v = std::get_if<std::vector<double>>(&it->second))
+      for (double d : *v)  // a fraction or an out-of-range width reads as 0, which the caller rejects
+        out.push_back(d == std::floor(d) && std::abs(d) <= 9.0e15 ? static_cast<std::int64_t>(d) : 0);
+  return out;
+}
+
+Expected<ModelFactory> make_mlp(const Params& p) {
+  const auto widths = int_list(p, "widths");
+  if (widths.size() < 2 || std::any_of(widths.begin(), widths.end(), [](auto w) { return w < 1; }))
+    return fail(ErrorCode::invalid_argument, "model.widths: needs at least two positive integers, e.g. [784, 256, 10]");
+  return models::mlp(widths);
+}
+
+Expected<ModelFactory> make_small_cnn(const Params& p) {
+  detail::ParamReader rd(p, "model");
+  models::SmallCnnOptions o;
+  constexpr std::int64_t big = std::int64_t{1} << 20;
+  o.channels1 = rd.whole("channels1", 32, 1, big);
+  o.channels2 = rd.whole("channels2", 64, 1, big);
+  o.hidden = rd.whole("hidden", 128, 1, big);
+  o.classes = rd.whole("classes", 10, 1, big);
+  o.in_channels = rd.whole("in_channels", 1, 1, big);
+  o.image_size = rd.whole("image_size", 28, 4, big);
+  o.dropout = rd.number("dropout", 0.0);
+  if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
+  if (o.image_size % 4 != 0 || o.channels1 < 1 || o.channels2 < 1 || o.hidden < 1 || o.classes < 1)
+    return fail(ErrorCode::invalid_argument, "model: small_cnn needs positive sizes and image_size divisible by 4");
+  if (!(o.dropout >= 0 && o.dropout < 1))
+    return fail(ErrorCode::invalid_argument, fmt::format("model.dropout: must be in [0, 1), got {}", o.dropout));
+  return models::small_cnn(o);
+}
+
+Expected<Dataset> load_fashion_mnist(const Params& p) {
+  detail::ParamReader rd(p, "dataset");
+  const bool normalize = rd.flag("normalize", true);
+  std::string split = "train", dir = data::fashion_mnist_dir.string();
+  if (auto it = p.find("split"); it != p.end() && std::holds_alternative<std::string>(it->second)) split = std::get<std::string>(it->second);
+  if (auto it = p.find("dir"); it != p.end() && std::holds_alternative<std::string>(it->second)) dir = std::get<std::string>(it->second);
+  if (split != "train" && split != "test")
+    return fail(ErrorCode::invalid_argument, fmt::format("dataset.split: \"{}\" is not one of train, test", split));
+  return data::fashion_mnist(split == "train" ? Split::train : Split::test, dir, {.normalize = normalize});
+}
+
+Expected<Dataset> load_idx(const Params& p) {
+  detail::ParamReader rd(p, "dataset");
+  data::ImageOptions o;
+  o.normalize = rd.flag("normalize", true), o.mean = rd.number("mean", o.mean), o.std = rd.number("std", o.std);
+  auto images = p.find("images"), labels = p.find("labels");
+  if (images == p.end() || labels == p.end() || !std::holds_alternative<std::string>(images->second) ||
+      !std::holds_alternative<std::string>(labels->second))
+    return fail(ErrorCode::invalid_argument, "dataset: idx needs images = \"path\" and labels = \"path\"");
+  return data::idx_images(std::get<std::string>(images->second), std::get<std::string>(labels->second),
+                          std::get<std::string>(images->second), o);
+}
+
+Expected<Dataset> load_csv(const Params& params) {
+  detail::ParamReader r(params, "dataset");
+  const auto path_it = params.find("path");
+  if (path_it == params.end() || !std::holds_alternative<std::string>(path_it->second))
+    return fail(ErrorCode::invalid_argument, "dataset.path: required (the CSV file)");
+  data::CsvOptions o;
+  o.path = std::get<std::string>(path_it->second);
+  if (const auto it = params.find("target"); it != params.end() && std::holds_alternative<std::string>(it->second))
+    o.target = std::get<std::string>(it->second);
+  o.classification = r.flag("classification", true);
+  r.flag("header", true);
+  return data::csv(o);
+}
+
+Expected<Dataset> load_synthetic(const Params& params) {
+  detail::ParamReader r(params, "dataset");
+  data::SyntheticOptions o;
+  // Sizes are capped so that samples x features stays a tensor that fits in memory (2^31 floats).
+  o.samples = r.whole("samples", 1000, 1, std::int64_t{1} << 31);
+  o.features = r.whole("features", 8, 1, std::int64_t{1} << 20);
+  o.classes = r.whole("classes", 4, 2, std::int64_t{1} << 20);
+  o.seed = static_cast<std::uint64_t>(r.whole("seed", 0, 0));
+  o.sample_seed = static_cast<std::uint64_t>(r.whole("sample_seed", static_cast<std::int64_t>(o.seed) + 1, 0));
+  if (o.samples * o.features > (std::int64_t{1} << 31) || o.classes * o.features > (std::int64_t{1} << 31))
+    r.problem(fmt::format("dataset: synthetic data of {} samples x {} features ({} classes) is too large",
+                          o.samples, o.features, o.classes));
+  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+  return data::synthetic(o);
+}
+
+}  // namespace
+
+Registry Registry::builtin() {
+  Registry r;
+  r.models["mlp"] = ModelEntry{{"widths"}, make_mlp, "mlp: widths = [in, hidden..., out]"};
+  r.models["small_cnn"] = ModelEntry{{"channels1", "channels2", "hidden", "classes", "in_channels", "image_size", "dropout"},
+                                     make_small_cnn,
+                                     "small_cnn: channels1, channels2, hidden, classes, in_channels, image_size, dropout"};
+  r.datasets["fashion-mnist"] = DatasetEntry{{"split", "dir", "normalize"}, load_fashion_mnist,
+                                             "fashion-mnist: split = \"train\" | \"test\", dir"};
+  r.datasets["idx"] = DatasetEntry{{"images", "labels", "normalize", "mean", "std"}, load_idx,
+                                   "idx: images, labels (MNIST-format files, plain or .gz)"};
+  r.datasets["csv"] = DatasetEntry{{"path", "target", "header", "classification"}, load_csv,
+                                   "csv: path, target (column name; default: the last), classification"};
+  r.datasets["synthetic"] = DatasetEntry{{"samples", "features", "classes", "seed", "sample_seed"}, load_synthetic,
+                                         "synthetic: samples, features, classes, seed (the task), sample_seed (Gaussian blobs)"};
+  return r;
+}
+
+}  // namespace baton
