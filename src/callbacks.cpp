@@ -1,5 +1,6 @@
 // Built-in callbacks and loggers (include/baton/callbacks.hpp).
 #include "baton/callbacks.hpp"
+#include "run/metrics.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -210,36 +211,6 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-Expected<void> open_for_append(std::ofstream& out, const fs::path& path) {
-  std::error_code ec;
-  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
-  out.open(path, std::ios::app | std::ios::binary);
-  if (!out)
-    return fail(ErrorCode::io, fmt::format("{}: cannot open for writing: {}", path.string(), std::strerror(errno)));
-  return {};
-}
-
-class JsonlLogger final : public Logger {
- public:
-  void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
-    json values = json::object();
-    for (const auto& [k, v] : scalars) values[k] = std::isfinite(v) ? json(v) : json(nullptr);
-    json line = {{"stage", stage}, {"epoch", t.epoch}, {"batch", t.batch}, {"sample", t.sample}, {"scalars", values}};
-    out_ << line.dump() << '\n';
-  }
-  void flush() override { out_.flush(); }
-  std::ofstream out_;
-};
-
-class CsvLogger final : public Logger {
- public:
-  void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
-    for (const auto& [k, v] : scalars) out_ << fmt::format("{},{},{},{},{},{}\n", stage, t.epoch, t.batch, t.sample, k, v);
-  }
-  void flush() override { out_.flush(); }
-  std::ofstream out_;
-};
-
 class ConsoleLogger final : public Logger {
  public:
   explicit ConsoleLogger(std::shared_ptr<Progress> progress) : progress_(std::move(progress)) {}
@@ -316,19 +287,13 @@ class TensorBoardLogger final : public Logger {
 
 }  // namespace
 
+// One schema for both files and for run directories: run/metrics.hpp.
 Expected<std::shared_ptr<Logger>> jsonl(const fs::path& path) {
-  auto l = std::make_shared<JsonlLogger>();
-  if (auto ok = open_for_append(l->out_, path); !ok) return tl::unexpected(ok.error());
-  return l;
+  return detail::MetricsWriter::open(path, std::nullopt).map([](auto w) { return std::shared_ptr<Logger>(std::move(w)); });
 }
 
 Expected<std::shared_ptr<Logger>> csv(const fs::path& path) {
-  std::error_code ec;
-  const bool fresh = !fs::exists(path, ec) || fs::file_size(path, ec) == 0;
-  auto l = std::make_shared<CsvLogger>();
-  if (auto ok = open_for_append(l->out_, path); !ok) return tl::unexpected(ok.error());
-  if (fresh) l->out_ << "stage,epoch,batch,sample,key,value\n";
-  return l;
+  return detail::MetricsWriter::open(std::nullopt, path).map([](auto w) { return std::shared_ptr<Logger>(std::move(w)); });
 }
 
 Expected<std::shared_ptr<Logger>> tensorboard(const fs::path& dir) {

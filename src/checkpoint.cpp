@@ -21,6 +21,7 @@
 
 #include "baton/checkpoint.hpp"
 #include "detail.hpp"
+#include "io.hpp"
 
 namespace baton {
 namespace {
@@ -31,35 +32,10 @@ using json = nlohmann::json;
 static_assert(std::endian::native == std::endian::little, "baton checkpoints are little-endian");
 
 constexpr std::string_view kMagic = "BATONCKP";
-constexpr std::size_t kDigestSize = 32;
-
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new(), &EVP_MD_CTX_free) {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
-      detail::raise(ErrorCode::runtime, "OpenSSL could not initialize SHA-256");
-  }
-  void update(const void* data, std::size_t n) {
-    if (n > 0 && EVP_DigestUpdate(ctx_.get(), data, n) != 1) detail::raise(ErrorCode::runtime, "OpenSSL SHA-256 failed");
-  }
-  void update(std::string_view s) { update(s.data(), s.size()); }
-  std::array<unsigned char, kDigestSize> finish() {
-    std::array<unsigned char, kDigestSize> out{};
-    unsigned int n = 0;
-    if (EVP_DigestFinal_ex(ctx_.get(), out.data(), &n) != 1 || n != kDigestSize)
-      detail::raise(ErrorCode::runtime, "OpenSSL SHA-256 failed");
-    return out;
-  }
-
- private:
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
-};
-
-std::string hex(const std::array<unsigned char, kDigestSize>& d) {
-  std::string s;
-  for (unsigned char c : d) s += fmt::format("{:02x}", c);
-  return s;
-}
+using detail::AtomicFile;
+using detail::hex;
+using detail::Sha256;
+constexpr std::size_t kDigestSize = detail::kSha256Size;
 
 template <class T>
 void put(std::string& out, T v) {
@@ -222,81 +198,6 @@ std::string encode_header(const TrainState& s, const CheckpointMeta& meta, const
 }
 
 // ------------------------------------------------------------------ writing
-/// `what` is a callable so that errno is read before building the message can change it.
-template <class What>
-[[noreturn]] void raise_io(const fs::path& path, What&& what) {
-  const int err = errno;
-  detail::raise(ErrorCode::io, fmt::format("cannot save checkpoint \"{}\": {}: {}", path.string(), what(), std::strerror(err)));
-}
-
-/// A temporary file beside the target that becomes the target on `commit` and is removed
-/// otherwise (including when an exception leaves the scope).
-class AtomicFile {
- public:
-  explicit AtomicFile(fs::path target) : target_(std::move(target)) {
-    const fs::path dir = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
-    tmp_ = dir / fmt::format(".{}.tmp-{}", target_.filename().string(), ::getpid());
-    // O_NOFOLLOW: a stale link left at the temporary name must not redirect the write.
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd_ < 0) raise_io(target_, [&] { return fmt::format("cannot create the temporary file \"{}\"", tmp_.string()); });
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-
-  void write(const void* data, std::size_t n) {
-    pause_once_for_tests();
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) raise_io(target_, [&] { return fmt::format("cannot write \"{}\"", tmp_.string()); });
-      p += w, n -= static_cast<std::size_t>(w);
-    }
-  }
-
-  void commit() {
-    if (::fsync(fd_) != 0) raise_io(target_, [&] { return fmt::format("cannot sync \"{}\"", tmp_.string()); });
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) raise_io(target_, [&] { return fmt::format("cannot close \"{}\"", tmp_.string()); });
-    if (::rename(tmp_.c_str(), target_.c_str()) != 0)
-      raise_io(target_, [&] { return fmt::format("cannot rename \"{}\" over it", tmp_.string()); });
-    committed_ = true;
-    // The rename is durable only once the directory entry is.
-    const fs::path dir = tmp_.parent_path();
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-      raise_io(target_, [&] { return fmt::format("written, but cannot open directory \"{}\" to sync it", dir.string()); });
-    const int rc = ::fsync(dfd), err = errno;
-    ::close(dfd);
-    errno = err;
-    if (rc != 0 && err != EINVAL)  // EINVAL: the file system cannot sync directories
-      raise_io(target_, [&] { return fmt::format("written, but cannot sync directory \"{}\"", dir.string()); });
-  }
-
- private:
-  /// Test hook: with BATON_TEST_CHECKPOINT_PAUSE_MS set, the write pauses that long once the
-  /// temporary file holds its first bytes, so a test can kill the process in the middle of a
-  /// checkpoint write (tests/cli_test.cpp). Unset, it costs one getenv per file.
-  void pause_once_for_tests() {
-    if (paused_ || written_ == 0) {
-      if (written_ == 0) written_ = 1;
-      return;
-    }
-    paused_ = true;
-    if (const char* ms = std::getenv("BATON_TEST_CHECKPOINT_PAUSE_MS"))
-      ::usleep(static_cast<useconds_t>(std::strtoul(ms, nullptr, 10) * 1000));
-  }
-  fs::path target_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-  bool paused_ = false;
-  int written_ = 0;
-};
-
 // ------------------------------------------------------------------ reading
 std::string read_all(const fs::path& path) {
   auto fail_io = [&](const char* what) {
@@ -529,7 +430,7 @@ Expected<void> save_checkpoint(const TrainState& state, const fs::path& path, co
     head += header;
     put(head, data_size);
 
-    AtomicFile file(path);
+    AtomicFile file(path, "checkpoint");
     Sha256 sha;
     auto emit = [&](const void* p, std::size_t n) { sha.update(p, n), file.write(p, n); };
     emit(head.data(), head.size());

@@ -32,12 +32,12 @@ std::vector<fs::path> list_checkpoints(const fs::path& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (checkpoint_file(e.path().filename().string(), nullptr)) out.push_back(e.path());
-  // "-end.baton" sorts before ".baton" ('-' < '.'): descending puts the interval one first, so
-  // order by (batch, stage end) instead.
+  // At one batch an interval (or interrupt) checkpoint is newer than a stage-end one: it was
+  // written by the next stage, before its first step.
   auto key = [](const fs::path& p) {
     bool end = false;
     checkpoint_file(p.filename().string(), &end);
-    return std::pair(p.filename().string().substr(5, 10), end);
+    return std::pair(p.filename().string().substr(5, 10), !end);
   };
   std::sort(out.begin(), out.end(), [&](const fs::path& a, const fs::path& b) { return key(a) > key(b); });
   return out;

@@ -581,21 +581,26 @@ TEST_CASE("JSONL and CSV loggers, and monitors through fit", "[loggers][callback
   std::ifstream in(dir.path / "m.jsonl");
   std::vector<nlohmann::json> lines;
   for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
-  REQUIRE(lines.size() == 2);  // batches 2 and 4
+  REQUIRE(lines.size() == 4);  // batches 2 and 4, a "system" and a "train" line each
   for (const auto& j : lines) {
-    const auto& s = j.at("scalars");
-    for (const char* k : {"train/loss", "train/lr", "train/samples_per_s", "system/peak_rss_mb", "train/grad_norm"}) {
+    const std::vector<const char*> keys = j.at("event") == "system" ? std::vector<const char*>{"peak_rss_mb"}
+                                          : std::vector<const char*>{"loss", "lr", "samples_per_s", "grad_norm"};
+    REQUIRE((j.at("event") == "system" || j.at("event") == "train"));
+    REQUIRE(j.at("stage") == "test");
+    for (const char* k : keys) {
       INFO(k);
-      REQUIRE(s.contains(k));
-      REQUIRE(s.at(k).get<double>() > 0);
+      REQUIRE(j.contains(k));
+      REQUIRE(j.at(k).get<double>() > 0);
     }
-    REQUIRE(s.at("train/lr").get<double>() == Approx(0.05));
+    if (j.at("event") == "train") REQUIRE(j.at("lr").get<double>() == Approx(0.05));
   }
-  REQUIRE(lines[1].at("batch") == 4);
+  REQUIRE(lines[3].at("batch") == 4);
   std::ifstream csv(dir.path / "m.csv");
-  std::string header;
+  std::string header, row;
   std::getline(csv, header);
-  REQUIRE(header == "stage,epoch,batch,sample,key,value");
+  REQUIRE(header == "event,stage,epoch,batch,sample,set,metric,value");
+  std::getline(csv, row);
+  REQUIRE_THAT(row, Catch::StartsWith("system,test,0,2,64,,peak_rss_mb,") || Catch::StartsWith("train,test,0,2,64,,"));
 
   SECTION("the NaN monitor stops on a non-finite weight") {
     baton::Algorithm poison{.name = "poison"};

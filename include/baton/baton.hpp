@@ -16,6 +16,8 @@
 #include "baton/model.hpp"
 #include "baton/optim.hpp"
 #include "baton/params.hpp"
+#include "baton/report.hpp"
+#include "baton/run.hpp"
 #include "baton/runtime.hpp"
 #include "baton/schedule.hpp"
 #include "baton/spec.hpp"

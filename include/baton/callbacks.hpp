@@ -78,10 +78,13 @@ class Progress;
 
 namespace baton::loggers {
 
-/// One JSON object per log call: {"stage", "epoch", "batch", "sample", "scalars": {...}}
-/// (non-finite values as null). Appends to `path`.
+/// JSON lines in the schema of run directories (docs/report.md), which `baton report` reads:
+/// one object per event group and log call, e.g. {"event": "train", "stage", "epoch", "batch",
+/// "sample", "loss": ..., "lr": ...} for "train/*" scalars and {"event": "eval", ..., "set":
+/// "test", "accuracy": ...} for "eval/test/*" (non-finite values as null). Appends to `path`.
 Expected<std::shared_ptr<Logger>> jsonl(const std::filesystem::path& path);
-/// Long-format CSV: stage,epoch,batch,sample,key,value (a header when the file is new).
+/// Long-format CSV of the same schema: event,stage,epoch,batch,sample,set,metric,value (RFC 4180
+/// quoting; a header when the file is new).
 Expected<std::shared_ptr<Logger>> csv(const std::filesystem::path& path);
 /// TensorBoard event files in `dir` (events.out.tfevents.<seconds>.<host>.baton): scalars with
 /// the run's batch counter as step. Each record: length, masked CRC-32C of the length, an Event

@@ -68,8 +68,8 @@ Expected<CheckpointInfo> read_checkpoint_info(const std::filesystem::path& path)
 /// "ckpt-<batch>-end.baton" at a stage's end (CheckpointPolicy).
 std::string checkpoint_name(std::int64_t batch, bool stage_end);
 
-/// The checkpoints of `dir` named by `checkpoint_name`, newest first (at the same batch, a stage
-/// end before an interval one). Other files are not listed.
+/// The checkpoints of `dir` named by `checkpoint_name`, newest first (at the same batch, an
+/// interval or interrupt one, written by the next stage, before a stage end). Other files are not listed.
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir);
 
 /// Keeps the newest `keep` interval checkpoints of `dir` and removes older ones; stage-end

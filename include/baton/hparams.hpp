@@ -30,6 +30,7 @@
 #include "baton/eval.hpp"
 #include "baton/model.hpp"
 #include "baton/params.hpp"
+#include "baton/run.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
 
@@ -120,6 +121,20 @@ class Curriculum {
   [[nodiscard]] Expected<Dataset> dataset(const std::string& name) const;
   /// The model factory (the bound one, or the file's from the registry).
   [[nodiscard]] Expected<ModelFactory> model() const;
+  /// Every stage built, in order (the first error stops it, naming the stage).
+  [[nodiscard]] Expected<std::vector<TrainingSpec>> specs() const;
+  /// The run directory as `[run]` says: `dir` (run_dir), `name`, `checkpoint_every`,
+  /// `keep_checkpoints`, `tensorboard`, with the resolved TOML as `config` and its fingerprint.
+  /// (`[run] threads` is for `configure_runtime`, which baton never calls on its own.)
+  ///
+  /// ```cpp
+  /// auto cur = baton::load_curriculum("fashion.toml");
+  /// auto result = cur.and_then([](const baton::Curriculum& c) {
+  ///   return c.specs().and_then([&](auto specs) { return c.init().and_then([&](baton::TrainState s) {
+  ///     return baton::run(c.run_options(), specs, std::move(s)); }); });
+  /// });
+  /// ```
+  [[nodiscard]] RunOptions run_options() const;
   /// A fresh state: `init_state(model(), {run().seed, run().max_duration})`.
   [[nodiscard]] Expected<TrainState> init() const;
   /// Builds every stage and plan, reporting every problem of every stage at once (and stages

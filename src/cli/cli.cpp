@@ -21,32 +21,15 @@
 #include "baton/distributed.hpp"
 #include "baton/fit.hpp"
 #include "baton/runtime.hpp"
-#include "report.hpp"
+#include "baton/report.hpp"
+#include "baton/run.hpp"
 #include "launch.hpp"
-#include "run_lock.hpp"
 
 namespace baton::cli {
 namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-
-// Ctrl-C and SIGTERM during `baton run`: the first asks the training loop to stop after the
-// batch in flight (it then checkpoints and exits 3); a second exits at once. Checkpoints are
-// written atomically, so an exit at any moment leaves the last one intact.
-std::atomic<bool> g_stop{false};
-
-extern "C" void baton_cli_on_signal(int sig) {
-  if (g_stop.exchange(true)) ::_exit(128 + sig);
-}
-
-void install_run_signal_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = baton_cli_on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
 
 int exit_code_for(const Error& e) {
   switch (e.code) {
@@ -62,104 +45,6 @@ int report(const Error& e) {
   return exit_code_for(e);
 }
 
-/// Writes a small text file atomically (temp + rename), so a crash never leaves half of it.
-void write_text(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-  }
-  fs::rename(tmp, path);
-}
-
-/// Metrics as JSON lines and as a long-format CSV (event,stage,epoch,batch,sample,set,metric,value).
-class MetricsLog {
- public:
-  explicit MetricsLog(const fs::path& dir)
-      : jsonl_(dir / "metrics.jsonl", std::ios::app), csv_path_(dir / "metrics.csv") {
-    const bool fresh = !fs::exists(csv_path_) || fs::file_size(csv_path_) == 0;
-    csv_.open(csv_path_, std::ios::app);
-    if (fresh) csv_ << "event,stage,epoch,batch,sample,set,metric,value\n";
-  }
-  void write(const std::string& event, const std::string& stage, const Timestamp& t, const std::string& set,
-             const std::map<std::string, double>& values) {
-    json j = {{"event", event}, {"stage", stage}, {"epoch", t.epoch}, {"batch", t.batch}, {"sample", t.sample}};
-    if (!set.empty()) j["set"] = set;
-    for (const auto& [k, v] : values) {
-      j[k] = v;
-      csv_ << fmt::format("{},{},{},{},{},{},{},{}\n", event, stage, t.epoch, t.batch, t.sample, set, k, v);
-    }
-    jsonl_ << j.dump() << '\n';
-    jsonl_.flush();
-    csv_.flush();
-  }
-  /// A line of another kind (stage_start, stage_end) into metrics.jsonl only: the CSV holds metrics.
-  void event(const json& j) {
-    jsonl_ << j.dump() << '\n';
-    jsonl_.flush();
-  }
- private:
-  std::ofstream jsonl_;
-  fs::path csv_path_;
-  std::ofstream csv_;
-};
-
-/// The fit's logger in the CLI: evaluation metrics (interval and stage end, run by the fit per
-/// the spec's evaluation) into metrics.jsonl/csv and the terminal; other scalars to the
-/// optional extra loggers (TensorBoard). Remembers the last metrics for the summary table.
-class CliLogger final : public Logger {
- public:
-  CliLogger(MetricsLog& log, Progress& progress, std::vector<std::shared_ptr<Logger>> extra)
-      : log_(log), progress_(progress), extra_(std::move(extra)) {}
-  void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
-    Metrics m;
-    for (const auto& [key, v] : scalars) {
-      // "eval/<set>/<metric>"
-      if (key.rfind("eval/", 0) != 0) continue;
-      const auto slash = key.find('/', 5);
-      if (slash == std::string::npos) continue;
-      m[key.substr(5, slash - 5)][key.substr(slash + 1)] = v;
-    }
-    for (const auto& [set, values] : m) log_.write("eval", stage, t, set, values);
-    if (!m.empty()) {
-      last = m;
-      progress_.line(fmt::format("[{}] epoch {} batch {}: {}", stage, t.epoch, t.batch, metrics_text(m)));
-    }
-    for (const auto& l : extra_) l->log(stage, t, scalars);
-  }
-  void flush() override {
-    for (const auto& l : extra_) l->flush();
-  }
-  Metrics last;
-
- private:
-  static std::string metrics_text(const Metrics& m) {
-    std::vector<std::string> parts;
-    for (const auto& [set, values] : m)
-      for (const auto& [k, v] : values) parts.push_back(fmt::format("{}/{}={:.4f}", set, k, v));
-    return fmt::format("{}", fmt::join(parts, " "));
-  }
-  MetricsLog& log_;
-  Progress& progress_;
-  std::vector<std::shared_ptr<Logger>> extra_;
-};
-
-struct StageSummary {
-  std::string name;
-  Timestamp start, end;
-  double loss = 0;
-  Metrics metrics;
-  double seconds = 0;
-  std::vector<double> losses;  // at each log point, for the summary's sparkline
-};
-
-std::string metrics_text(const Metrics& m) {
-  std::vector<std::string> parts;
-  for (const auto& [set, values] : m)
-    for (const auto& [k, v] : values) parts.push_back(fmt::format("{}/{}={:.4f}", set, k, v));
-  return fmt::format("{}", fmt::join(parts, " "));
-}
-
 // ---------------------------------------------------------------- run
 struct RunArgs {
   std::string file;
@@ -169,290 +54,76 @@ struct RunArgs {
   int nproc = 0;  // > 0: start this many ranks here (baton launch) instead of training
 };
 
-/// Checkpoints of a run directory: checkpoints/ckpt-<batch>[-end].baton, newest first (at the
-/// same batch, a stage end before an interval one).
-std::vector<fs::path> list_checkpoints(const fs::path& dir) {
-  std::vector<fs::path> out;
+/// Under a launcher (WORLD_SIZE set): joins its group. Ranks > 0 print only errors (or all to
+/// RUN_DIR/rank-<k>.log with BATON_RANK_LOGS=1); rank 0 writes the run directory.
+Expected<std::shared_ptr<const Distributed>> join_launcher(const fs::path& dir) {
+  if (!launched_distributed()) return std::shared_ptr<const Distributed>{};
+  auto group = Distributed::join_from_env();
+  if (!group || (*group)->rank() == 0) return group;
+  const fs::path rank_log = dir / fmt::format("rank-{}.log", (*group)->rank());
+  const char* logs = std::getenv("BATON_RANK_LOGS");
+  const bool to_file = logs && std::string(logs) == "1";
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == ".baton" && e.path().filename().string().rfind("ckpt-", 0) == 0) out.push_back(e.path());
-  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) { return a.filename() > b.filename(); });
-  return out;
+  if (to_file) fs::create_directories(dir, ec);
+  if (!std::freopen(to_file ? rank_log.c_str() : "/dev/null", "w", stdout))
+    return fail(ErrorCode::io, fmt::format("{}: cannot open this rank's log", rank_log.string()));
+  return group;
 }
 
-/// Lines of one text not in the other, for "the config changed" messages.
-std::string config_diff(const std::string& before, const std::string& after) {
-  auto lines = [](const std::string& t) {
-    std::vector<std::string> v;
-    std::stringstream ss(t);
-    for (std::string l; std::getline(ss, l);) v.push_back(l);
-    return v;
-  };
-  const auto a = lines(before), b = lines(after);
-  std::string out;
-  for (const auto& l : a)
-    if (std::find(b.begin(), b.end(), l) == b.end()) out += "  - " + l + "\n";
-  for (const auto& l : b)
-    if (std::find(a.begin(), a.end(), l) == a.end()) out += "  + " + l + "\n";
-  return out;
+/// `[run] threads`; 0 under a launcher: the machine's cores shared by its ranks (idle OpenMP
+/// threads spin while a rank waits in a collective).
+int run_threads(int threads, const Distributed* group) {
+  if (threads != 0 || !group) return threads;
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int ranks_here = local && std::atoi(local) > 0 ? std::atoi(local) : group->world_size();
+  return std::max(1, available_cores() / ranks_here);
 }
 
-struct Resume {
-  TrainState state;
-  std::int64_t stage_index = 0;
-  bool stage_done = false;
-  fs::path from;
-};
-
-/// The newest valid checkpoint of the run directory, skipping (and saying so) bad ones. A
-/// checkpoint of another configuration is an error: resuming it would train something else.
-Expected<std::optional<Resume>> find_resume(const fs::path& dir, const Curriculum& cur, const ModelFactory& factory) {
-  for (const auto& path : list_checkpoints(dir / "checkpoints")) {
-    auto info = read_checkpoint_info(path);
-    if (!info) {
-      fmt::print(stderr, "baton: skipping checkpoint {}: {}\n", path.string(), info.error().message);
-      continue;
-    }
-    if (info->meta.config_fingerprint != cur.fingerprint()) {
-      std::string before;
-      if (std::ifstream old(dir / "config.toml"); old) before.assign(std::istreambuf_iterator<char>(old), {});
-      return fail(ErrorCode::invalid_spec,
-                  fmt::format("{} holds a run of another configuration (its checkpoint {} has fingerprint {}, this "
-                              "one {}); resuming would not train what the file says. Changes:\n{}Run with --fresh to "
-                              "start over (its checkpoints and metrics are removed), or use another --run-dir",
-                              dir.string(), path.filename().string(), info->meta.config_fingerprint.substr(0, 12),
-                              cur.fingerprint().substr(0, 12), config_diff(before, cur.resolved_toml())));
-    }
-    auto state = load_checkpoint(path, factory);
-    if (!state) {
-      fmt::print(stderr, "baton: skipping checkpoint {}: {}\n", path.string(), state.error().message);
-      continue;
-    }
-    const auto done = info->meta.extra.find("stage_done");
-    return std::optional<Resume>(Resume{std::move(*state), info->meta.stage_index,
-                                        done != info->meta.extra.end() && done->second == "1", path});
-  }
-  return std::optional<Resume>{};
+int interrupted(const RunArgs& a, const RunResult& r) {
+  std::string again = "baton run " + a.file;
+  if (!a.run_dir.empty()) again += " --run-dir " + a.run_dir;
+  for (const auto& s : a.sets) again += " --set " + s;
+  std::error_code ec;
+  const bool written = !r.checkpoint.empty() && fs::is_regular_file(r.checkpoint, ec);
+  fmt::print(stderr, "baton: interrupted at epoch {}, batch {} (stage \"{}\"); {}.\nResume with: {}\n",
+             r.state.time.epoch, r.state.time.batch, r.state.stage,
+             written ? "checkpoint written to " + r.checkpoint.string() : "no checkpoint was written by this process",
+             again);
+  return exit_interrupted;
 }
 
+/// `baton run`: the curriculum's stages through `baton::run` (run.hpp), which owns the run
+/// directory, resume, checkpoints, metrics, progress and the report; this prints around it.
 int run(const RunArgs& a, const Registry& registry) {
   auto cur = load_curriculum(a.file, a.sets, registry);
   if (!cur) return report(cur.error());
   if (auto ok = cur->validate(); !ok) return report(ok.error());
-  // Started by a launcher (WORLD_SIZE set): join its group; rank 0 alone writes the run
-  // directory and prints, the others print only errors (or all to rank-<k>.log on request).
-  std::shared_ptr<const Distributed> group;
-  if (launched_distributed()) {
-    auto g = Distributed::join_from_env();
-    if (!g) return report(g.error());
-    group = *g;
-  }
-  const bool lead = !group || group->rank() == 0;
-  if (!lead) {
-    const fs::path rank_log = (a.run_dir.empty() ? cur->run().run_dir : fs::path(a.run_dir)) / fmt::format("rank-{}.log", group->rank());
-    const char* logs = std::getenv("BATON_RANK_LOGS");
-    std::error_code mk;
-    if (logs && std::string(logs) == "1") fs::create_directories(rank_log.parent_path(), mk);
-    if (!std::freopen(logs && std::string(logs) == "1" ? rank_log.c_str() : "/dev/null", "w", stdout))
-      return report(Error{ErrorCode::io, fmt::format("{}: cannot open this rank's log", rank_log.string()), {}});
-  }
-  int threads = cur->run().threads;
-  if (threads == 0 && group) {
-    // The machine's cores are shared by its ranks (idle OpenMP threads spin while a rank waits
-    // in a collective): cores / ranks on this machine each, unless [run] threads says otherwise.
-    const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    const int ranks_here = local && std::atoi(local) > 0 ? std::atoi(local) : group->world_size();
-    threads = std::max(1, available_cores() / ranks_here);
-  }
-  auto runtime = configure_runtime({.threads = threads});
+  auto specs = cur->specs();
+  if (!specs) return report(specs.error());
+  RunOptions options = cur->run_options();
+  if (!a.run_dir.empty()) options.dir = a.run_dir;
+  options.fresh = a.fresh;
+  auto group = join_launcher(options.dir);
+  if (!group) return report(group.error());
+  options.distributed = *group;
+  auto runtime = configure_runtime({.threads = run_threads(cur->run().threads, group->get())});
   if (!runtime) return report(runtime.error());
   fmt::print("{}\n", runtime->to_string());
-
-  const fs::path dir = a.run_dir.empty() ? cur->run().run_dir : fs::path(a.run_dir);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return report(Error{ErrorCode::io, fmt::format("{}: cannot create the run directory: {}", dir.string(), ec.message()), {}});
-  // One writer per run directory, held until run() returns (docs/bad-inputs.md). Under a
-  // launcher the ranks are one run: rank 0, the one that writes, holds it.
-  std::optional<RunLock> lock;
-  if (lead) {
-    auto held = RunLock::acquire(dir);
-    if (!held) return report(held.error());
-    lock.emplace(std::move(*held));
-  }
+  auto initial = cur->init();
+  if (!initial) return report(initial.error());
   fmt::print("run \"{}\": {} stages, max duration {}, run directory {}\n", cur->run().name, cur->stages().size(),
-             cur->run().max_duration.to_string(), dir.string());
-
-  const fs::path ckpt_dir = dir / "checkpoints";
-  if (a.fresh && lead) {
-    for (const char* f : {"checkpoints", "metrics.jsonl", "metrics.csv", "final.baton", "report.html"}) fs::remove_all(dir / f, ec);
-    for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.path().filename().string().rfind("stage-", 0) == 0) fs::remove(e.path(), ec);
-  }
-  auto factory = cur->model();
-  if (!factory) return report(factory.error());
-  auto resume = a.fresh && !lead ? Expected<std::optional<Resume>>() : find_resume(dir, *cur, *factory);
-  if (!resume) return report(resume.error());
-  if (lead) write_text(dir / "config.toml", cur->resolved_toml());
-  fs::create_directories(ckpt_dir, ec);
-  // Temporary files of checkpoint writes that a killed run left behind (`.<name>.tmp-<pid>`):
-  // never valid checkpoints, removed so they do not pile up.
-  for (const auto& e : fs::directory_iterator(lead ? ckpt_dir : fs::path(), ec))
-    if (const auto f = e.path().filename().string(); f.rfind(".ckpt-", 0) == 0 && f.find(".tmp-") != std::string::npos) {
-      fmt::print(stderr, "baton: removing {} (an unfinished checkpoint write of an earlier run)\n", e.path().string());
-      fs::remove(e.path(), ec);
-    }
-  Expected<TrainState> state = *resume ? Expected<TrainState>(std::move((*resume)->state)) : cur->init();
-  if (!state) return report(state.error());
-  if (*resume)
-    fmt::print("resuming from {}: stage {}, epoch {}, batch {}\n", (*resume)->from.string(), state->stage,
-               state->time.epoch, state->time.batch);
-  const auto stop = std::shared_ptr<const std::atomic<bool>>(std::shared_ptr<void>(), &g_stop);
-  MetricsLog log(lead ? dir : dir / fmt::format("rank-{}", group->rank()));  // absent: nothing written
-  Progress progress;
-  std::vector<std::shared_ptr<Logger>> extra_loggers;
-  if (cur->run().tensorboard && lead) {
-    auto tb = loggers::tensorboard(dir / "tensorboard");
-    if (!tb) return report(tb.error());
-    extra_loggers.push_back(*tb);
-  }
-  auto cli_logger = std::make_shared<CliLogger>(log, progress, extra_loggers);
-  std::vector<StageSummary> summary;
-  const auto run_started = Clock::now();
-
-  for (std::size_t index = 0; index < cur->stages().size(); ++index) {
-    const auto& builder = cur->stages()[index];
-    if (*resume && (static_cast<std::int64_t>(index) < (*resume)->stage_index ||
-                    (static_cast<std::int64_t>(index) == (*resume)->stage_index && (*resume)->stage_done)))
-      continue;  // trained before the checkpoint
-    // The stage as the file says, plus what the command line owns: the stop flag, the stage's
-    // duration counted from its start (so a resumed stage ends where the file says), checkpoints
-    // and the loggers. Evaluation (interval and stage end) is the spec's, run by fit.
-    auto spec = builder.build().map([&](TrainingSpec s) {
-      s.stop = stop;
-      s.checkpoints = CheckpointPolicy{.dir = ckpt_dir,
-                                       .every = cur->run().checkpoint_every,
-                                       .at_stage_end = true,
-                                       .on_interrupt = true,
-                                       .keep = cur->run().keep_checkpoints,
-                                       .meta = {.run_name = cur->run().name,
-                                                .config_fingerprint = cur->fingerprint(),
-                                                .stage_index = static_cast<std::int64_t>(index)}};
-      s.loggers.push_back(cli_logger);
-      s.distributed = group;
-      return s;
-    });
-    if (!spec) return report(spec.error());
-    auto target = stage_end(*spec, *state);
-    if (!target) return report(target.error());
-    StageSummary row{spec->name, state->time, state->time, 0, {}, 0, {}};
-    // Where the stage begins and what it carries over, for `baton report` (metrics.jsonl).
-    log.event({{"event", "stage_start"}, {"stage", spec->name}, {"epoch", state->time.epoch},
-               {"batch", state->time.batch}, {"sample", state->time.sample}, {"index", index},
-               {"resumed", state->stage == spec->name}, {"duration", spec->duration.to_string()},
-               {"target_batch", target->batch}, {"batch_size", spec->data.batch_size},
-               {"optimizer", std::string(spec->optimizer.kind())}, {"lr", spec->optimizer.lr()},
-               {"optimizer_carry", spec->optimizer_carry == Carry::keep ? "keep" : "fresh"},
-               {"clock", spec->schedule_clock == baton::Clock::run ? "run" : "stage"},
-               {"weights", spec->model.kind == ModelCarry::Kind::keep           ? "keep"
-                           : spec->model.kind == ModelCarry::Kind::reinitialize ? "reinitialize"
-                                                                                : "transfer"},
-               {"freeze", spec->freeze}});
-    cli_logger->last.clear();
-    const auto stage_started = Clock::now();
-    const std::int64_t first_batch = state->time.batch, total = target->batch - first_batch;
-    // Training goes in chunks (fit is split-invariant: the bits are those of one fit), which
-    // gives the progress bar and the train log their moments.
-    const std::int64_t chunk = std::clamp<std::int64_t>(total / 100, 1, 50);
-    double loss = 0;
-    bool stopped = false;
-    while (state->time.batch < target->batch && !stopped) {
-      const std::int64_t step = std::min(chunk, target->batch - state->time.batch);
-      const auto t0 = Clock::now();
-      const auto sample0 = state->time.sample;
-      auto next = fit(*spec, std::move(*state), Time::batches(step));  // the spec (and its stage clock) unchanged
-      if (!next) {
-        progress.line("");
-        return report(next.error());
-      }
-      state = std::move(next);
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      const double sps = static_cast<double>(state->time.sample - sample0) / std::max(secs, 1e-9);
-      const auto& rec = state->history.back();
-      loss = rec.last_loss;
-      row.losses.push_back(loss);
-      const std::int64_t done = state->time.batch - first_batch;
-      const double elapsed = std::chrono::duration<double>(Clock::now() - stage_started).count();
-      const double eta = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
-      if (rec.interrupted || g_stop) {
-        progress.line("");
-        fmt::print(stderr, "baton: interrupted at epoch {}, batch {} (stage \"{}\"); checkpoint written to {}.\n"
-                           "Resume with: baton run {}{}\n",
-                   state->time.epoch, state->time.batch, spec->name, ckpt_dir.string(), a.file,
-                   a.run_dir.empty() ? "" : " --run-dir " + a.run_dir);
-        return exit_interrupted;
-      }
-      progress.update(spec->name, state->time, done, total, sps, loss, eta);
-      const std::map<std::string, double> train{{"loss", loss}, {"lr", rec.last_lr}, {"samples_per_s", sps}};
-      log.write("train", spec->name, state->time, "", train);
-      for (const auto& l : extra_loggers)
-        l->log(spec->name, state->time, {{"train/loss", loss}, {"train/lr", rec.last_lr}, {"train/samples_per_s", sps}});
-      if (!rec.stop_reason.empty()) {
-        progress.line(fmt::format("[{}] stage ended early: {}", spec->name, rec.stop_reason));
-        stopped = true;
-      }
-    }
-    if (const auto& h = state->history; !h.empty() && h.back().skipped_batches > 0)
-      progress.line(fmt::format("[{}] {} batches skipped: non-finite loss or gradients (on_non_finite = \"skip\")",
-                                spec->name, h.back().skipped_batches));
-    progress.finish_stage();
-    row.metrics = cli_logger->last;
-    row.end = state->time;
-    row.loss = loss;
-    row.seconds = std::chrono::duration<double>(Clock::now() - stage_started).count();
-    json end_event = {{"event", "stage_end"}, {"stage", row.name}, {"epoch", row.end.epoch}, {"batch", row.end.batch},
-                      {"sample", row.end.sample}, {"seconds", row.seconds}, {"loss", row.loss}};
-    if (!state->history.empty() && !state->history.back().stop_reason.empty())
-      end_event["stop_reason"] = state->history.back().stop_reason;
-    log.event(end_event);
-    fmt::print("stage {} done: epoch {}, batch {}, loss {:.4f} {} ({})\n", row.name, row.end.epoch, row.end.batch,
-               row.loss, metrics_text(row.metrics), duration_text(row.seconds));
-    summary.push_back(std::move(row));
-  }
-  if (!lead) return exit_ok;  // rank 0 writes the final state (the ranks' states are equal)
-  if (auto ok = save_checkpoint(*state, dir / "final.baton",
-                                {.run_name = cur->run().name, .config_fingerprint = cur->fingerprint(),
-                                 .stage_index = static_cast<std::int64_t>(cur->stages().size())});
-      !ok)
-    return report(ok.error());
-
-  // Summary table.
-  fmt::print("\n{:<14} {:>10} {:>8} {:>10} {:<16} {:>9}  {}\n", "stage", "epochs", "batches", "loss", " loss curve",
-             "time", "eval");
-  for (const auto& r : summary) {
-    // The sparkline's width in bytes is 3 per bar: pad by hand so the columns line up.
-    const auto spark = report::sparkline(r.losses, 16);
-    const auto bars = spark.size() / 3;
-    fmt::print("{:<14} {:>4} -> {:<3} {:>8} {:>10.4f}  {}{} {:>9}  {}\n", r.name, r.start.epoch, r.end.epoch,
-               r.end.batch - r.start.batch, r.loss, spark, std::string(bars < 15 ? 15 - bars : 0, ' '),
-               duration_text(r.seconds), metrics_text(r.metrics));
-  }
+             cur->run().max_duration.to_string(), options.dir.string());
+  const auto started = std::chrono::steady_clock::now();
+  auto result = baton::run(options, *specs, std::move(*initial));
+  if (!result) return report(result.error());
+  if (result->interrupted) return interrupted(a, *result);
+  if (*group && (*group)->rank() != 0) return exit_ok;  // rank 0 wrote the final state
+  fmt::print("\n{}", result->summary());
   fmt::print("total time {}; final state {} (params_sha256 {})\n",
-             duration_text(std::chrono::duration<double>(Clock::now() - run_started).count()),
-             (dir / "final.baton").string(), params_sha256(*state));
-  if (summary.empty() && !cur->stages().empty()) {  // resumed after the last stage had ended
-    if (auto plan = cur->stages().back().eval(); plan && !plan->spec.sets.empty())
-      if (auto m = eval(plan->spec, *state)) summary.push_back(StageSummary{state->stage, state->time, state->time, 0, *m, 0, {}});
-  }
-  // The report of this run directory; training succeeded, so a report that cannot be written is
-  // said loudly but does not turn the run into a failure.
-  if (auto page = report::write({dir}, dir / "report.html"))
-    fmt::print("report: {}\n", page->string());
-  else
-    fmt::print(stderr, "baton: the run finished but its report was not written: {}\n", page.error().to_string());
-  if (!summary.empty())
-    for (const auto& [set, values] : summary.back().metrics)
-      if (auto it = values.find("accuracy"); it != values.end()) fmt::print("{}_accuracy={:.4f}\n", set, it->second);
+             duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
+             (options.dir / "final.baton").string(), params_sha256(result->state));
+  for (const auto& [set, values] : result->final_metrics)
+    if (auto it = values.find("accuracy"); it != values.end()) fmt::print("{}_accuracy={:.4f}\n", set, it->second);
   return exit_ok;
 }
 
@@ -575,7 +246,6 @@ int main(int argc, char** argv, const Registry& registry) {
       return launch(lo);
     }
     if (*run_cmd) {
-      install_run_signal_handlers();
       return run(run_args, registry);
     }
     if (*validate_cmd) return validate(validate_file, validate_sets, registry);

@@ -8,7 +8,7 @@
 #include "baton/algorithms.hpp"
 #include "baton/callbacks.hpp"
 #include "baton/schedule.hpp"
-#include "../suggest.hpp"
+#include "suggest.hpp"
 #include "internal.hpp"
 
 namespace baton {

@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
-#include <openssl/evp.h>
-
-#include "../detail.hpp"
-#include "../suggest.hpp"
+#include "detail.hpp"
+#include "io.hpp"
+#include "train/horizon.hpp"
+#include "suggest.hpp"
 #include "internal.hpp"
 
 namespace baton {
@@ -100,6 +100,27 @@ Expected<ModelFactory> Curriculum::model() const {
   return made;
 }
 
+Expected<std::vector<TrainingSpec>> Curriculum::specs() const {
+  std::vector<TrainingSpec> out;
+  for (const auto& b : stages()) {
+    auto spec = b.build();
+    if (!spec) return tl::unexpected(spec.error());
+    out.push_back(std::move(*spec));
+  }
+  return out;
+}
+
+RunOptions Curriculum::run_options() const {
+  const RunConfig& r = run();
+  return RunOptions{.dir = r.run_dir,
+                    .name = r.name,
+                    .config = resolved_toml(),
+                    .fingerprint = fingerprint(),
+                    .checkpoint_every = r.checkpoint_every,
+                    .keep_checkpoints = r.keep_checkpoints,
+                    .tensorboard = r.tensorboard};
+}
+
 Expected<TrainState> Curriculum::init() const {
   return model().and_then([&](const ModelFactory& f) {
     return init_state(f, {.seed = run().seed, .max_duration = run().max_duration});
@@ -120,16 +141,7 @@ void check_stages(const Curriculum& cur, Problems& all) {
     }
     // A stage longer than the whole run can never be trained as written.
     const auto n = spec->data.train.size(), bs = spec->data.batch_size;
-    const double per_epoch = static_cast<double>(spec->data.drop_last ? n / bs : (n + bs - 1) / bs);
-    auto batches = [&](Time t) {
-      switch (t.unit) {
-        case TimeUnit::epoch: return t.value * per_epoch;
-        case TimeUnit::batch: return t.value;
-        case TimeUnit::sample: return std::ceil(t.value / static_cast<double>(bs));
-        case TimeUnit::duration: return 0.0;
-      }
-      return 0.0;
-    };
+    auto batches = [&](Time t) { return detail::batches_in(t, run.max_duration, n, bs, spec->data.drop_last); };
     const double stage_b = batches(spec->duration), max_b = batches(run.max_duration);
     if (run.max_duration.value > 0 && stage_b > max_b)
       all.list.push_back(fmt::format("{}: stage \"{}\": duration {} ({:.0f} batches) exceeds the run's max_duration {} "
@@ -154,14 +166,6 @@ namespace {
 const std::vector<std::string> kRunKeys = {"name", "seed", "device", "max_duration", "run_dir", "threads",
                                            "checkpoint_every", "keep_checkpoints", "tensorboard"};
 
-std::string sha256_hex(std::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
-  return hex;
-}
 
 /// [run]
 void read_run(const toml::table& root, const std::string& source, RunConfig& rc, Problems& p) {
@@ -301,7 +305,7 @@ Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
     for (const char* k : {"run_dir", "threads", "checkpoint_every", "keep_checkpoints", "tensorboard"}) run->erase(k);
   std::ostringstream fps;
   fps << head;
-  impl.fingerprint = sha256_hex(fps.str());
+  impl.fingerprint = detail::sha256_hex(fps.str());
   return {};
 }
 }  // namespace

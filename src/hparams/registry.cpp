@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "baton/hparams.hpp"
-#include "../params_reader.hpp"
+#include "params_reader.hpp"
 
 namespace baton {
 namespace {

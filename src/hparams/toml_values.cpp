@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "../suggest.hpp"
+#include "suggest.hpp"
 #include "internal.hpp"
 
 namespace baton::detail {

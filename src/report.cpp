@@ -6,7 +6,8 @@
 // JavaScript into every report; libjs-d3 is a toolkit for drawing SVG yourself, which is what
 // this file does in a few hundred lines. Each series is one <polyline> carrying data-series and
 // data-points, so a browser test counts the points the browser actually parsed.
-#include "report.hpp"
+#include "baton/report.hpp"
+#include "io.hpp"
 
 #include <unistd.h>
 
@@ -552,26 +553,10 @@ Expected<std::string> render(const std::vector<fs::path>& run_dirs) {
 Expected<fs::path> write(const std::vector<fs::path>& run_dirs, const fs::path& out) {
   auto html = render(run_dirs);
   if (!html) return tl::unexpected(html.error());
-  const fs::path tmp = out.string() + fmt::format(".tmp-{}", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << *html;
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      return fail(ErrorCode::io, fmt::format("{}: cannot write the report there (does its directory exist and is it "
-                                             "writable?); choose another file with -o",
-                                             out.string()));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, out, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    return fail(ErrorCode::io, fmt::format("{}: cannot write the report: {}", out.string(), why));
-  }
+  if (auto ok = detail::write_file_atomic(out, *html, "report"); !ok)
+    return fail(ErrorCode::io, fmt::format("{}: cannot write the report there (does its directory exist and is it "
+                                           "writable?); choose another file with -o ({})",
+                                           out.string(), ok.error().message));
   return out;
 }
 

@@ -1,4 +1,4 @@
-#include "run_lock.hpp"
+#include "run/run_lock.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-namespace baton::cli {
+namespace baton::detail {
 
 Expected<RunLock> RunLock::acquire(const std::filesystem::path& dir) {
   const auto path = dir / ".lock";
@@ -46,4 +46,4 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
 }
 
-}  // namespace baton::cli
+}  // namespace baton::detail

@@ -1,7 +1,8 @@
 #pragma once
-// `baton report`: one self-contained HTML page (inline SVG, no network fetches) from one or more
-// run directories written by `baton run`. No LibTorch here: it only reads the run's files
-// (metrics.jsonl, config.toml), so this translation unit compiles in seconds.
+/// \file report.hpp
+/// `baton report`: one self-contained HTML page (inline SVG, no network fetches) from one or more
+/// run directories written by `baton::run` or `baton run`. It only reads the run's files
+/// (metrics.jsonl, config.toml); no LibTorch.
 
 #include <filesystem>
 #include <string>

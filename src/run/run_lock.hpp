@@ -1,12 +1,12 @@
 #pragma once
-// One run directory, one writer: `baton run` holds an exclusive lock on RUN_DIR/.lock while it
+// One run directory, one writer: a run (`baton::run`, `baton run`) holds an exclusive lock on RUN_DIR/.lock while it
 // writes there. The lock is an flock(2) on an open file, so the kernel releases it when the
 // process ends in any way (exit, crash, kill -9): a crashed run never leaves the directory locked.
 #include <filesystem>
 
 #include "baton/error.hpp"
 
-namespace baton::cli {
+namespace baton::detail {
 
 class RunLock {
  public:
@@ -25,4 +25,4 @@ class RunLock {
   int fd_ = -1;
 };
 
-}  // namespace baton::cli
+}  // namespace baton::detail

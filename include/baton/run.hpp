@@ -1,0 +1,97 @@
+#pragma once
+/// \file run.hpp
+/// A run directory for any chain of stages: what `baton run` gives a TOML curriculum, one call
+/// gives a C++ one. `baton::run` trains the stages in order and keeps, in `options.dir`:
+///
+/// | file                         | what                                                          |
+/// | ---------------------------- | ------------------------------------------------------------- |
+/// | `config.toml`                | the configuration (a curriculum's resolved TOML, or a summary of the specs) |
+/// | `metrics.jsonl`, `metrics.csv` | training and evaluation metrics, one schema (docs/report.md) |
+/// | `checkpoints/ckpt-*.baton`   | at intervals (keep-last-N), at each stage's end, on Ctrl-C     |
+/// | `final.baton`                | the final state                                               |
+/// | `tensorboard/`               | TensorBoard event files, when asked                           |
+/// | `report.html`                | `baton report` of the directory                               |
+///
+/// Called again on the same directory, it resumes from the newest valid checkpoint (a run of
+/// another configuration is refused, naming what changed), so a crash or Ctrl-C loses at most
+/// the batches since the last checkpoint and the result has the bits of an uninterrupted run.
+///
+/// ```cpp
+/// auto state = baton::init_state(make_net, {.seed = 42, .max_duration = "6ep"_t});
+/// auto result = baton::run({.dir = "runs/fashion", .checkpoint_every = "1ep"_t},
+///                          {warmup, main_stage, finetune}, std::move(*state));
+/// if (!result) { fmt::print(stderr, "{}\n", result.error()); return 1; }
+/// if (result->interrupted) return 3;              // Ctrl-C: run it again to resume
+/// fmt::print("{}", result->summary());
+/// ```
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "baton/error.hpp"
+#include "baton/eval.hpp"
+#include "baton/spec.hpp"
+#include "baton/state.hpp"
+
+namespace baton {
+
+class Distributed;
+
+/// Where and how a run keeps its directory.
+struct RunOptions {
+  std::filesystem::path dir{};             ///< the run directory (created if missing)
+  std::string name = "run";                ///< names the run in checkpoints and the report
+  /// Written to config.toml and hashed into the fingerprint that guards resumes. Empty: a
+  /// summary of the stages' specs (names, durations, data sizes, batch sizes, optimizers, ...).
+  std::string config{};
+  std::string fingerprint{};               ///< empty: SHA-256 of `config`
+  std::optional<Time> checkpoint_every{};  ///< also checkpoint every this much (from each stage's start)
+  int keep_checkpoints = 3;                ///< interval checkpoints kept (stage ends are always kept)
+  bool tensorboard = false;                ///< also write TensorBoard event files to dir/tensorboard
+  bool report = true;                      ///< write dir/report.html at the end
+  bool fresh = false;                      ///< start over: remove the files a run writes (only those)
+  bool handle_signals = true;              ///< Ctrl-C/SIGTERM: finish the batch, checkpoint, return interrupted
+  bool progress = true;                    ///< a progress bar (a terminal) or lines (a pipe) on stdout
+  std::shared_ptr<const std::atomic<bool>> stop{};  ///< set it to stop as a signal would
+  /// Data parallel (distributed.hpp): every rank calls `run` with the same arguments; rank 0
+  /// writes the directory, the others only train.
+  std::shared_ptr<const Distributed> distributed{};
+};
+
+/// What one stage did in this call of `run`.
+struct StageSummary {
+  std::string name;
+  Timestamp start, end;
+  double loss = 0;               ///< the mean training loss of the stage's last logged interval
+  Metrics metrics{};             ///< the last evaluation of the stage
+  double seconds = 0;            ///< wall time of training (evaluation excluded)
+  std::vector<double> losses{};  ///< the logged training losses, for a sparkline
+};
+
+/// What `run` returns.
+struct RunResult {
+  TrainState state;
+  bool interrupted = false;                 ///< stopped by a signal or `stop`: run again to resume
+  std::filesystem::path checkpoint{};       ///< the newest checkpoint written (the interrupt's, when interrupted)
+  std::optional<std::filesystem::path> resumed_from{};
+  std::vector<StageSummary> stages{};       ///< the stages this call trained (resumed ones included)
+  Metrics final_metrics{};                  ///< the last evaluation of the run
+  /// The summary table: per stage, epochs, batches, loss, a loss sparkline, time and metrics.
+  [[nodiscard]] std::string summary() const;
+};
+
+/// Trains `stages` in order from `initial` (or from the run directory's newest valid checkpoint,
+/// rebuilt with `initial.factory`), keeping the run directory described above. Every stage gets
+/// the directory's checkpoint policy and metrics loggers added to its own callbacks and loggers.
+/// Errors: those of `fit`, an unusable directory (io), a checkpoint of another configuration
+/// (invalid_spec, with the changes and how to start over), another process holding the directory.
+Expected<RunResult> run(const RunOptions& options, const std::vector<TrainingSpec>& stages, TrainState initial);
+
+/// A summary of `stages` as TOML-like text: the default `RunOptions::config`.
+std::string describe(const std::vector<TrainingSpec>& stages);
+
+}  // namespace baton

@@ -1,0 +1,122 @@
+// Atomic file writes and SHA-256 (io.hpp).
+#include "io.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "detail.hpp"
+
+namespace baton::detail {
+namespace fs = std::filesystem;
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new(), &EVP_MD_CTX_free) {
+  if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
+    raise(ErrorCode::runtime, "OpenSSL could not initialize SHA-256");
+}
+
+void Sha256::update(const void* data, std::size_t n) {
+  if (n > 0 && EVP_DigestUpdate(ctx_.get(), data, n) != 1) raise(ErrorCode::runtime, "OpenSSL SHA-256 failed");
+}
+
+std::array<unsigned char, kSha256Size> Sha256::finish() {
+  std::array<unsigned char, kSha256Size> out{};
+  unsigned int n = 0;
+  if (EVP_DigestFinal_ex(ctx_.get(), out.data(), &n) != 1 || n != kSha256Size)
+    raise(ErrorCode::runtime, "OpenSSL SHA-256 failed");
+  return out;
+}
+
+std::string hex(const std::array<unsigned char, kSha256Size>& d) {
+  std::string s;
+  for (unsigned char c : d) s += fmt::format("{:02x}", c);
+  return s;
+}
+
+std::string sha256_hex(std::string_view bytes) {
+  Sha256 h;
+  h.update(bytes);
+  return hex(h.finish());
+}
+
+namespace {
+/// `what` is a callable so that errno is read before building the message can change it.
+template <class What>
+[[noreturn]] void raise_io(const std::string& label, const fs::path& path, What&& what) {
+  const int err = errno;
+  raise(ErrorCode::io, fmt::format("cannot save {} \"{}\": {}: {}", label, path.string(), what(), std::strerror(err)));
+}
+}  // namespace
+
+AtomicFile::AtomicFile(fs::path target, std::string label) : target_(std::move(target)), label_(std::move(label)) {
+  const fs::path dir = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
+  tmp_ = dir / fmt::format(".{}.tmp-{}", target_.filename().string(), ::getpid());
+  // O_NOFOLLOW: a stale link left at the temporary name must not redirect the write.
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) raise_io(label_, target_, [&] { return fmt::format("cannot create the temporary file \"{}\"", tmp_.string()); });
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, std::size_t n) {
+  pause_once_for_tests();
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) raise_io(label_, target_, [&] { return fmt::format("cannot write \"{}\"", tmp_.string()); });
+    p += w, n -= static_cast<std::size_t>(w);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) raise_io(label_, target_, [&] { return fmt::format("cannot sync \"{}\"", tmp_.string()); });
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) raise_io(label_, target_, [&] { return fmt::format("cannot close \"{}\"", tmp_.string()); });
+  if (::rename(tmp_.c_str(), target_.c_str()) != 0)
+    raise_io(label_, target_, [&] { return fmt::format("cannot rename \"{}\" over it", tmp_.string()); });
+  committed_ = true;
+  // The rename is durable only once the directory entry is.
+  const fs::path dir = tmp_.parent_path();
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0)
+    raise_io(label_, target_, [&] { return fmt::format("written, but cannot open directory \"{}\" to sync it", dir.string()); });
+  const int rc = ::fsync(dfd), err = errno;
+  ::close(dfd);
+  errno = err;
+  if (rc != 0 && err != EINVAL)  // EINVAL: the file system cannot sync directories
+    raise_io(label_, target_, [&] { return fmt::format("written, but cannot sync directory \"{}\"", dir.string()); });
+}
+
+/// Test hook: with BATON_TEST_CHECKPOINT_PAUSE_MS set, the write pauses that long once the
+/// temporary file holds its first bytes, so a test can kill the process in the middle of a
+/// checkpoint write (tests/cli_test.cpp). Unset, it costs one getenv per file.
+void AtomicFile::pause_once_for_tests() {
+  if (paused_ || written_ == 0) {
+    if (written_ == 0) written_ = 1;
+    return;
+  }
+  paused_ = true;
+  if (const char* ms = std::getenv("BATON_TEST_CHECKPOINT_PAUSE_MS"))
+    ::usleep(static_cast<useconds_t>(std::strtoul(ms, nullptr, 10) * 1000));
+}
+
+Expected<void> write_file_atomic(const fs::path& path, std::string_view bytes, const std::string& label) {
+  return guard([&]() -> Expected<void> {
+    AtomicFile f(path, label);
+    f.write(bytes.data(), bytes.size());
+    f.commit();
+    return {};
+  });
+}
+
+}  // namespace baton::detail

@@ -1,0 +1,63 @@
+#pragma once
+// The one place baton writes files and hashes bytes: atomic writes (a temporary file beside the
+// target, fsync'ed, renamed over it, the directory fsync'ed; any failure, a full disk included,
+// is an io error and leaves the previous file intact) and SHA-256.
+
+#include <array>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <openssl/evp.h>
+
+#include "baton/error.hpp"
+
+namespace baton::detail {
+
+inline constexpr std::size_t kSha256Size = 32;
+
+/// Streaming SHA-256 (OpenSSL).
+class Sha256 {
+ public:
+  Sha256();
+  void update(const void* data, std::size_t n);
+  void update(std::string_view s) { update(s.data(), s.size()); }
+  std::array<unsigned char, kSha256Size> finish();
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
+};
+
+/// Lower-case hex of a digest.
+std::string hex(const std::array<unsigned char, kSha256Size>& digest);
+
+/// SHA-256 of `bytes`, in hex.
+std::string sha256_hex(std::string_view bytes);
+
+/// A temporary file `.<name>.tmp-<pid>` beside `target` that becomes the target on `commit`
+/// and is removed otherwise (including when an exception leaves the scope). Errors throw
+/// (BatonException, code io): "cannot save <label> "<target>": <what>: <reason>".
+class AtomicFile {
+ public:
+  AtomicFile(std::filesystem::path target, std::string label);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+  void write(const void* data, std::size_t n);
+  void commit();
+
+ private:
+  void pause_once_for_tests();
+  std::filesystem::path target_, tmp_;
+  std::string label_;
+  int fd_ = -1;
+  bool committed_ = false;
+  bool paused_ = false;
+  int written_ = 0;
+};
+
+/// The whole of `bytes` written to `path` through an AtomicFile; an io error on failure.
+Expected<void> write_file_atomic(const std::filesystem::path& path, std::string_view bytes, const std::string& label = "file");
+
+}  // namespace baton::detail

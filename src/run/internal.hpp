@@ -1,0 +1,57 @@
+#pragma once
+// Pieces of run directories (run.hpp): resuming, the run's own observers, the stage summary.
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "baton/callbacks.hpp"
+#include "baton/run.hpp"
+
+namespace baton::detail {
+
+/// Where a run directory's newest valid checkpoint puts the chain.
+struct Resume {
+  TrainState state;
+  std::int64_t stage_index = 0;  ///< the stage it was written in
+  bool stage_done = false;       ///< written at that stage's end
+  std::filesystem::path from;
+};
+
+/// The newest valid checkpoint of `dir`/checkpoints, skipping (and saying so on stderr) bad ones.
+/// A checkpoint of another fingerprint is an error that shows the configuration's changes.
+Expected<std::optional<Resume>> find_resume(const std::filesystem::path& dir, const std::string& fingerprint,
+                                            const std::string& config, const ModelFactory& factory);
+
+/// Temporary files of checkpoint writes that a killed run left in `dir`/checkpoints
+/// (`.<name>.tmp-<pid>`): never valid checkpoints, removed (saying so) so they do not pile up.
+void remove_unfinished_writes(const std::filesystem::path& dir);
+
+/// `--fresh`: removes the files a run writes in `dir` (checkpoints, metrics, final state,
+/// report, config, TensorBoard files, unfinished temporary files), and nothing else.
+void remove_run_files(const std::filesystem::path& dir);
+
+/// What the run's observers saw in a stage, for its summary and messages.
+struct StageTrace {
+  Metrics last_metrics{};
+  std::vector<double> losses{};
+  double last_loss = 0;
+  std::filesystem::path checkpoint{};  ///< the newest checkpoint written
+  double eval_seconds = 0;
+};
+
+/// Logs "train/loss" (the mean since the last line), "train/lr" and "train/samples_per_s" at
+/// fixed batches of the stage (every ~1% of it, at most 50 batches apart, and at its end: the
+/// same batches however the stage is cut or resumed; the running sum lives in the state), and
+/// records checkpoints and evaluation time in `trace`.
+Callback train_log(std::shared_ptr<StageTrace> trace);
+
+/// A logger that prints evaluation metrics through `progress` (when given) and keeps the last
+/// ones in `trace`.
+std::shared_ptr<Logger> eval_echo(std::shared_ptr<StageTrace> trace, std::shared_ptr<Progress> progress);
+
+}  // namespace baton::detail

@@ -1,0 +1,248 @@
+// baton::run: a chain of stages with a run directory (run.hpp). The CLI's `baton run` is this
+// call on a TOML curriculum.
+#include <chrono>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "baton/checkpoint.hpp"
+#include "baton/distributed.hpp"
+#include "baton/fit.hpp"
+#include "baton/report.hpp"
+#include "baton/run.hpp"
+#include "detail.hpp"
+#include "io.hpp"
+#include "run/internal.hpp"
+#include "run/metrics.hpp"
+#include "run/run_lock.hpp"
+#include "train/carry.hpp"
+#include "train/signals.hpp"
+
+namespace baton {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using WallClock = std::chrono::steady_clock;
+
+std::string carry_text(const TrainingSpec& s) { return s.optimizer_carry == Carry::keep ? "keep" : "fresh"; }
+std::string weights_text(const TrainingSpec& s) {
+  switch (s.model.kind) {
+    case ModelCarry::Kind::keep: return "keep";
+    case ModelCarry::Kind::reinitialize: return "reinitialize";
+    case ModelCarry::Kind::transfer: return "transfer";
+  }
+  return "keep";
+}
+
+Expected<void> check_stages(const RunOptions& o, const std::vector<TrainingSpec>& stages) {
+  if (o.dir.empty()) return fail(ErrorCode::invalid_argument, "run: RunOptions::dir is empty; name the run directory");
+  if (stages.empty()) return fail(ErrorCode::invalid_argument, "run: no stages to train");
+  std::set<std::string> names;
+  for (const auto& s : stages)
+    if (!names.insert(s.name).second)
+      return fail(ErrorCode::invalid_spec,
+                  fmt::format("run: two stages are named \"{}\"; a run resumes by stage, so give each its own name", s.name));
+  return {};
+}
+
+/// One call of `run`: the directory, its writers, and the stages trained so far.
+class Runner {
+ public:
+  Runner(const RunOptions& o, const std::vector<TrainingSpec>& stages) : o_(o), stages_(stages) {}
+
+  Expected<RunResult> go(TrainState initial) {
+    if (auto ok = open(); !ok) return tl::unexpected(ok.error());
+    auto resume = find_resume_here(initial.factory);
+    if (!resume) return tl::unexpected(resume.error());
+    std::size_t first = 0;
+    result_.state = std::move(initial);
+    if (*resume) {
+      auto& r = **resume;
+      first = static_cast<std::size_t>(std::max<std::int64_t>(0, r.stage_index + (r.stage_done ? 1 : 0)));
+      result_.state = std::move(r.state);
+      result_.resumed_from = r.from;
+      resumed_mid_stage_ = !r.stage_done;
+      resume_index_ = r.stage_index;
+      say(fmt::format("resuming from {}: stage {}, epoch {}, batch {}", r.from.string(), result_.state.stage,
+                      result_.state.time.epoch, result_.state.time.batch));
+    }
+    detail::SignalScope signals(o_.handle_signals);  // between stages too
+    for (std::size_t i = first; i < stages_.size(); ++i) {
+      if (auto ok = train_stage(i); !ok) return tl::unexpected(ok.error());
+      if (result_.interrupted) return std::move(result_);
+    }
+    if (auto ok = finish(); !ok) return tl::unexpected(ok.error());
+    return std::move(result_);
+  }
+
+ private:
+  Expected<void> open() {
+    lead_ = !o_.distributed || o_.distributed->rank() == 0;
+    config_ = o_.config.empty() ? describe(stages_) : o_.config;
+    fingerprint_ = o_.fingerprint.empty() ? detail::sha256_hex(config_) : o_.fingerprint;
+    if (!lead_) return {};  // rank 0 writes the directory; the others read its checkpoints
+    std::error_code ec;
+    fs::create_directories(o_.dir / "checkpoints", ec);
+    if (ec) return fail(ErrorCode::io, fmt::format("{}: cannot create the run directory: {}", o_.dir.string(), ec.message()));
+    auto held = detail::RunLock::acquire(o_.dir);  // one writer per directory, until run returns
+    if (!held) return tl::unexpected(held.error());
+    lock_.emplace(std::move(*held));
+    if (o_.fresh) {
+      detail::remove_run_files(o_.dir);
+      fs::create_directories(o_.dir / "checkpoints", ec);
+    }
+    detail::remove_unfinished_writes(o_.dir);
+    if (o_.progress) progress_ = std::make_shared<Progress>();
+    return {};
+  }
+
+  Expected<std::optional<detail::Resume>> find_resume_here(const ModelFactory& factory) {
+    if (o_.fresh && !lead_) return std::optional<detail::Resume>{};
+    auto resume = detail::find_resume(o_.dir, fingerprint_, config_, factory);
+    if (!resume || !lead_) return resume;
+    // The files read as one uninterrupted run: lines after the checkpoint are dropped (they are
+    // logged again), and the configuration is written (checked) after the fingerprint passed.
+    if (*resume)
+      if (auto ok = detail::truncate_metrics(o_.dir, (*resume)->state.time.batch, (*resume)->stage_index, (*resume)->stage_done);
+          !ok)
+        return tl::unexpected(ok.error());
+    if (auto ok = detail::write_file_atomic(o_.dir / "config.toml", config_, "config"); !ok) return tl::unexpected(ok.error());
+    auto metrics = detail::MetricsWriter::open(o_.dir / "metrics.jsonl", o_.dir / "metrics.csv");
+    if (!metrics) return tl::unexpected(metrics.error());
+    metrics_ = *metrics;
+    if (o_.tensorboard) {
+      auto tb = loggers::tensorboard(o_.dir / "tensorboard");
+      if (!tb) return tl::unexpected(tb.error());
+      tensorboard_ = *tb;
+    }
+    return resume;
+  }
+
+  /// The stage as the caller wrote it, plus what the directory owns: checkpoints, the stop
+  /// flag, the metrics loggers and the run's observers.
+  TrainingSpec attach(const TrainingSpec& stage, std::size_t index, const std::shared_ptr<detail::StageTrace>& trace) const {
+    TrainingSpec s = stage;
+    s.checkpoints = CheckpointPolicy{.dir = o_.dir / "checkpoints",
+                                     .every = o_.checkpoint_every,
+                                     .at_stage_end = false,  // written by the run, after the stage_end line
+                                     .on_interrupt = true,
+                                     .keep = o_.keep_checkpoints,
+                                     .meta = meta(index, false)};
+    if (o_.stop) s.stop = o_.stop;
+    s.handle_signals = o_.handle_signals;
+    if (o_.distributed) s.distributed = o_.distributed;
+    s.callbacks.push_back(detail::train_log(trace));
+    if (progress_) s.callbacks.push_back(callbacks::progress(progress_));
+    s.loggers.push_back(detail::eval_echo(trace, progress_));
+    if (metrics_) s.loggers.push_back(metrics_);
+    if (tensorboard_) s.loggers.push_back(tensorboard_);
+    return s;
+  }
+
+  CheckpointMeta meta(std::size_t index, bool stage_done) const {
+    CheckpointMeta m{.run_name = o_.name, .config_fingerprint = fingerprint_, .stage_index = static_cast<std::int64_t>(index)};
+    m.extra.insert_or_assign("stage_done", std::string(stage_done ? "1" : "0"));
+    return m;
+  }
+
+  Expected<void> train_stage(std::size_t index) {
+    auto trace = std::make_shared<detail::StageTrace>();
+    const TrainingSpec spec = attach(stages_[index], index, trace);
+    const bool resumed = resumed_mid_stage_ && static_cast<std::int64_t>(index) == resume_index_;
+    if (!resumed) log_stage_start(spec, index);
+    const Timestamp start = result_.state.time;
+    const auto t0 = WallClock::now();
+    auto next = fit(spec, std::move(result_.state));
+    if (!next) {
+      if (progress_) progress_->line("");
+      return tl::unexpected(next.error());
+    }
+    result_.state = std::move(*next);
+    const auto& rec = result_.state.history.back();
+    StageSummary row{spec.name, start, result_.state.time, trace->last_loss, trace->last_metrics,
+                     std::chrono::duration<double>(WallClock::now() - t0).count() - trace->eval_seconds, trace->losses};
+    if (!trace->last_metrics.empty()) result_.final_metrics = trace->last_metrics;
+    result_.stages.push_back(row);
+    if (rec.interrupted) {
+      result_.interrupted = true;
+      result_.checkpoint = trace->checkpoint;
+      return {};
+    }
+    if (rec.skipped_batches > 0)
+      say(fmt::format("[{}] {} batches skipped: non-finite loss or gradients (on_non_finite = \"skip\")", spec.name,
+                      rec.skipped_batches));
+    if (!rec.stop_reason.empty()) say(fmt::format("[{}] stage ended early: {}", spec.name, rec.stop_reason));
+    return end_stage(row, index, rec.stop_reason);
+  }
+
+  void log_stage_start(const TrainingSpec& spec, std::size_t index) {
+    if (!metrics_) return;
+    const auto pos = detail::stage_position(spec, result_.state).time;
+    const auto target = stage_end(spec, result_.state);
+    metrics_->event({{"event", "stage_start"}, {"stage", spec.name}, {"epoch", pos.epoch}, {"batch", pos.batch},
+                     {"sample", pos.sample}, {"index", index}, {"duration", spec.duration.to_string()},
+                     {"target_batch", target ? target->batch : pos.batch}, {"batch_size", spec.data.batch_size},
+                     {"optimizer", std::string(spec.optimizer.kind())}, {"lr", spec.optimizer.lr()},
+                     {"optimizer_carry", carry_text(spec)}, {"clock", spec.schedule_clock == baton::Clock::run ? "run" : "stage"},
+                     {"weights", weights_text(spec)}, {"freeze", spec.freeze}});
+  }
+
+  /// The stage_end line, then the stage-end checkpoint (so a resume from it finds the line).
+  Expected<void> end_stage(const StageSummary& row, std::size_t index, const std::string& stop_reason) {
+    if (progress_) progress_->finish_stage();
+    say(fmt::format("stage {} done: epoch {}, batch {}, loss {:.4f} ({})", row.name, row.end.epoch, row.end.batch,
+                    row.loss, duration_text(row.seconds)));
+    if (!lead_) return {};
+    json end = {{"event", "stage_end"}, {"stage", row.name}, {"epoch", row.end.epoch}, {"batch", row.end.batch},
+                {"sample", row.end.sample}, {"seconds", row.seconds}, {"loss", row.loss}};
+    if (!stop_reason.empty()) end["stop_reason"] = stop_reason;
+    metrics_->event(end);
+    const fs::path path = o_.dir / "checkpoints" / checkpoint_name(result_.state.time.batch, true);
+    if (auto ok = save_checkpoint(result_.state, path, meta(index, true)); !ok)
+      return tl::unexpected(ok.error().with_context("checkpoint"));
+    result_.checkpoint = path;
+    return {};
+  }
+
+  Expected<void> finish() {
+    if (result_.final_metrics.empty() && stages_.back().evaluation)  // resumed after the last stage ended
+      if (auto m = eval(stages_.back().evaluation->spec, result_.state)) result_.final_metrics = *m;
+    if (!lead_) return {};
+    CheckpointMeta m{.run_name = o_.name, .config_fingerprint = fingerprint_,
+                     .stage_index = static_cast<std::int64_t>(stages_.size())};
+    if (auto ok = save_checkpoint(result_.state, o_.dir / "final.baton", m); !ok) return tl::unexpected(ok.error());
+    if (!o_.report) return {};
+    // Training succeeded: a report that cannot be written is said loudly, not a failure.
+    if (auto page = report::write({o_.dir}, o_.dir / "report.html"))
+      say(fmt::format("report: {}", page->string()));
+    else
+      fmt::print(stderr, "baton: the run finished but its report was not written: {}\n", page.error().to_string());
+    return {};
+  }
+
+  void say(const std::string& line) {
+    if (progress_) progress_->line(line);
+  }
+
+  const RunOptions& o_;
+  const std::vector<TrainingSpec>& stages_;
+  bool lead_ = true, resumed_mid_stage_ = false;
+  std::int64_t resume_index_ = -1;
+  std::string config_, fingerprint_;
+  std::optional<detail::RunLock> lock_;
+  std::shared_ptr<Progress> progress_;
+  std::shared_ptr<detail::MetricsWriter> metrics_;
+  std::shared_ptr<Logger> tensorboard_;
+  RunResult result_;
+};
+}  // namespace
+
+Expected<RunResult> run(const RunOptions& options, const std::vector<TrainingSpec>& stages, TrainState initial) {
+  if (auto ok = check_stages(options, stages); !ok) return tl::unexpected(ok.error());
+  return detail::guard([&]() -> Expected<RunResult> { return Runner(options, stages).go(std::move(initial)); })
+      .map_error(add_context(fmt::format("run directory {}", options.dir.string())));
+}
+
+}  // namespace baton

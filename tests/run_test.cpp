@@ -1,0 +1,204 @@
+// Run directories from C++ (run.hpp): the files `baton run` writes, resume after a stop or a
+// kill to the uninterrupted bits and metrics, and `baton run` as a thin layer over the same call.
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "helpers.hpp"
+#include "process.hpp"
+
+namespace fs = std::filesystem;
+using baton::Time;
+
+namespace {
+/// metrics.jsonl without its timing fields (wall-clock throughput and stage seconds).
+std::vector<nlohmann::json> metric_lines(const fs::path& dir) {
+  std::ifstream in(dir / "metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    j.erase("samples_per_s");
+    j.erase("seconds");
+    out.push_back(j);
+  }
+  return out;
+}
+
+/// Three stages on blobs: 2 epochs (20 batches), a 1-batch stage, 5 batches with evaluation.
+std::vector<baton::TrainingSpec> stages(const baton::Callback& watcher) {
+  const auto data = test::blobs(300);
+  const auto a = test::spec(data, Time::epochs(2)).with_name("a").with_callbacks({watcher});
+  const auto b = a.with_name("b").with_duration(Time::batches(1)).with_lr(0.02);
+  const auto c = b.with_name("c")
+                     .with_duration(Time::batches(5))
+                     .with_optimizer(baton::optim::adam({.lr = 1e-3}), baton::Carry::fresh)
+                     .with_evaluation(baton::EvalSchedule{.spec = {.sets = {{"blobs", data.head(100)}}}});
+  return {a, b, c};
+}
+
+/// Sets `flag` at the end of run batch `at` (never, when at < 0).
+baton::Callback stop_at(std::shared_ptr<std::atomic<bool>> flag, std::shared_ptr<std::int64_t> at) {
+  return {"stop_at", [flag, at](const baton::EventView& v) -> std::optional<std::string> {
+            if (v.event == baton::Event::batch_end && v.state.time.batch == *at) flag->store(true);
+            return std::nullopt;
+          }};
+}
+}  // namespace
+
+TEST_CASE("a C++ chain with a run directory: stopped in a stage's last batch or a 1-batch stage, resumed to the same bits",
+          "[run][resume]") {
+  test::TempDir tmp;
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto at = std::make_shared<std::int64_t>(-1);
+  const auto specs = stages(stop_at(flag, at));
+  const baton::RunOptions base{.dir = tmp.path / "whole", .name = "t", .progress = false, .stop = flag};
+  const auto whole = baton::run(base, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE(whole);
+  REQUIRE_FALSE(whole->interrupted);
+  CHECK(whole->state.time.batch == 26);
+  for (const char* f : {"config.toml", "metrics.jsonl", "metrics.csv", "final.baton", "report.html",
+                        "checkpoints/ckpt-0000000020-end.baton", "checkpoints/ckpt-0000000021-end.baton"})
+    CHECK(fs::exists(base.dir / f));
+  REQUIRE(whole->final_metrics.count("blobs"));
+  CHECK_THAT(whole->summary(), Catch::Contains("a ") && Catch::Contains("blobs/accuracy="));
+
+  // 20: the last batch of stage a; 21: stage b's only batch; 23: inside c.
+  for (std::int64_t k : {20, 21, 23}) {
+    INFO("stopped at the end of batch " << k);
+    auto options = base;
+    options.dir = tmp.path / fmt::format("cut-{}", k);
+    *at = k, flag->store(false);
+    const auto cut = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE(cut);
+    REQUIRE(cut->interrupted);
+    // The checkpoint the result names exists and holds the batch reached.
+    REQUIRE(fs::is_regular_file(cut->checkpoint));
+    const auto info = baton::read_checkpoint_info(cut->checkpoint);
+    REQUIRE(info);
+    CHECK(info->time.batch == cut->state.time.batch);
+    CHECK(cut->state.time.batch == k);
+    *at = -1, flag->store(false);
+    const auto resumed = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE(resumed);
+    REQUIRE(resumed->resumed_from);
+    test::require_same_bits(whole->state, resumed->state);
+    CHECK(baton::params_sha256(resumed->state) == baton::params_sha256(whole->state));
+    CHECK(metric_lines(options.dir) == metric_lines(base.dir));
+  }
+}
+
+TEST_CASE("a run directory refuses another configuration and --fresh removes only what a run wrote", "[run]") {
+  test::TempDir tmp;
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto at = std::make_shared<std::int64_t>(5);
+  const auto specs = stages(stop_at(flag, at));
+  baton::RunOptions options{.dir = tmp.path, .progress = false, .stop = flag};
+  REQUIRE(baton::run(options, specs, test::new_state(1, Time::epochs(4)))->interrupted);
+  std::ofstream(tmp.path / "stage-notes.txt") << "mine";
+  std::ofstream(tmp.path / "checkpoints" / "my-ckpt.baton") << "mine";
+  auto changed = specs;
+  changed[1] = changed[1].with_lr(0.5);
+  flag->store(false), *at = -1;
+  const auto refused = baton::run(options, changed, test::new_state(1, Time::epochs(4)));
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.error().to_string(), Catch::Contains("another configuration") && Catch::Contains("lr = 0.5"));
+  options.fresh = true;
+  const auto fresh = baton::run(options, changed, test::new_state(1, Time::epochs(4)));
+  REQUIRE(fresh);
+  CHECK_FALSE(fresh->resumed_from);
+  CHECK(fs::exists(tmp.path / "stage-notes.txt"));
+  CHECK(fs::exists(tmp.path / "checkpoints" / "my-ckpt.baton"));
+  CHECK(fs::exists(tmp.path / "final.baton"));
+}
+
+TEST_CASE("the same curriculum via baton run and via baton::run: the same params_sha256 and metrics lines", "[run][cli]") {
+  test::TempDir tmp;
+  std::ofstream(tmp.path / "c.toml") << R"(
+[run]
+name = "same"
+seed = 4
+max_duration = "3ep"
+checkpoint_every = "7ba"
+[model]
+name = "mlp"
+widths = [8, 16, 4]
+[datasets.train]
+kind = "synthetic"
+samples = 400
+features = 8
+classes = 4
+seed = 1
+[datasets.test]
+kind = "synthetic"
+samples = 100
+features = 8
+classes = 4
+seed = 2
+[defaults]
+data = "train"
+batch_size = 32
+optimizer = { name = "sgd", lr = 0.05, momentum = 0.9 }
+eval = { sets = ["test"], interval = "5ba" }
+[[stages]]
+name = "one"
+duration = "2ep"
+[[stages]]
+name = "two"
+duration = "1ep"
+batch_size = 64
+)";
+  const std::string file = (tmp.path / "c.toml").string();
+  const auto cli = std::system((std::string(BATON_EXE) + " run " + file + " --run-dir " + (tmp.path / "cli").string() +
+                                " > /dev/null 2>&1").c_str());
+  REQUIRE(cli == 0);
+  auto cur = baton::load_curriculum(file);
+  REQUIRE(cur);
+  auto specs = cur->specs();
+  REQUIRE(specs);
+  auto options = cur->run_options();
+  options.dir = tmp.path / "cpp";
+  options.progress = false;
+  const auto cpp = baton::run(options, *specs, test::ok(cur->init()));
+  REQUIRE(cpp);
+  const auto from_cli = baton::read_checkpoint_info(tmp.path / "cli" / "final.baton");
+  REQUIRE(from_cli);
+  CHECK(from_cli->params_sha256 == baton::params_sha256(cpp->state));
+  const auto lines = metric_lines(options.dir);
+  CHECK(lines.size() > 10);
+  CHECK(lines == metric_lines(tmp.path / "cli"));
+}
+
+TEST_CASE("a C++ chain killed (SIGKILL) at random moments and resumed with the same call equals the uninterrupted chain",
+          "[run][resume][kill]") {
+  test::TempDir tmp;
+  std::string log;
+  auto whole = test::spawn(BATON_RUN_EXAMPLE, {(tmp.path / "whole").string()});
+  REQUIRE(test::finish(whole, log) == 0);
+  std::mt19937 rng(20261203);
+  std::uniform_int_distribution<int> delay_ms(30, 900);
+  const fs::path cut = tmp.path / "cut";
+  int kills = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto child = test::spawn(BATON_RUN_EXAMPLE, {cut.string()});
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
+    ::kill(child.pid, SIGKILL);
+    std::string out;
+    kills += test::finish(child, out) == 128 + SIGKILL;
+  }
+  INFO(kills << " of 8 runs were killed before they finished");
+  auto last = test::spawn(BATON_RUN_EXAMPLE, {cut.string()});
+  std::string out;
+  REQUIRE(test::finish(last, out) == 0);
+  const auto a = baton::read_checkpoint_info(tmp.path / "whole" / "final.baton");
+  const auto b = baton::read_checkpoint_info(cut / "final.baton");
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->params_sha256 == b->params_sha256);
+  CHECK(metric_lines(cut) == metric_lines(tmp.path / "whole"));
+}
