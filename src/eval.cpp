@@ -21,6 +21,92 @@ class EvalModeScope {
   torch::nn::Module& m_;
   bool was_training_;
 };
+
+/// A copy of `s` holding the weights an algorithm keeps (e.g. its EMA) in place of its own.
+Expected<TrainState> with_weights(const std::string& which, const TrainState& s) {
+  auto it = s.algorithm_state.find(which);
+  if (it == s.algorithm_state.end() || it->second.empty())
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("eval: weights \"{}\" requested, but the state holds none; add the algorithm \"{}\" "
+                            "to the training spec and train at least one step with it",
+                            which, which));
+  TrainState swapped = s;
+  auto take = [&](const std::vector<std::pair<std::string, torch::Tensor>>& named) -> Expected<void> {
+    for (const auto& [name, t] : named) {
+      auto jt = it->second.find(name);
+      if (jt == it->second.end() || !jt->second.defined() || jt->second.sizes() != t.sizes())
+        return fail(ErrorCode::shape_mismatch,
+                    fmt::format("eval: weights \"{}\" have no tensor \"{}\" of shape {} (the model changed since "
+                                "they were recorded?)", which, name, detail::shape_string(t)));
+      t.copy_(jt->second);
+    }
+    return {};
+  };
+  if (auto ok = take(swapped.named_parameters()); !ok) return tl::unexpected(ok.error());
+  if (auto ok = take(swapped.named_buffers()); !ok) return tl::unexpected(ok.error());
+  return swapped;
+}
+
+/// The metrics of one set: sums over this rank's shard, reduced across ranks.
+Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const TrainState& s, const std::string& name,
+                                                 const Dataset& ds) {
+  if (auto ok = ds.validate(); !ok) return tl::unexpected(ok.error().with_context(fmt::format("eval set \"{}\"", name)));
+  const std::int64_t n = spec.limit ? std::min(ds.size(), *spec.limit) : ds.size();
+  if (n <= 0) return fail(ErrorCode::invalid_argument, fmt::format("eval set \"{}\": no samples to evaluate", name));
+  const bool classes = ds.targets.scalar_type() == torch::kLong && ds.targets.dim() == 1;
+  double loss_sum = 0;
+  std::int64_t correct = 0;
+  std::vector<std::int64_t> topk_correct(spec.top_k.size(), 0);
+  std::int64_t num_classes = 0;
+  // Across ranks: this rank's contiguous shard of the set; sums and counts reduced below.
+  const auto [lo, count] = spec.distributed ? spec.distributed->shard(n) : std::pair<std::int64_t, std::int64_t>{0, n};
+  for (std::int64_t i = lo; i < lo + count; i += spec.batch_size) {
+    const std::int64_t take = std::min(spec.batch_size, lo + count - i);
+    auto x = ds.inputs.narrow(0, i, take);
+    auto y = ds.targets.narrow(0, i, take);
+    torch::Tensor out;
+    try {
+      out = s.model.forward(x);
+    } catch (const c10::Error& e) {
+      return fail(ErrorCode::shape_mismatch, fmt::format("eval set \"{}\": the model's forward failed on inputs of shape {}: {}",
+                                                         name, detail::shape_string(x), detail::torch_message(e)));
+    }
+    auto l = spec.loss.fn(out, y);
+    loss_sum += l.item<double>() * static_cast<double>(take);
+    if (classes && out.dim() == 2) {
+      num_classes = out.size(1);
+      correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
+      for (std::size_t k = 0; k < spec.top_k.size(); ++k) {
+        if (spec.top_k[k] > out.size(1) || spec.top_k[k] < 1) continue;
+        auto top = std::get<1>(out.topk(spec.top_k[k], 1));
+        topk_correct[k] += top.eq(y.unsqueeze(1)).any(1).sum().item<std::int64_t>();
+      }
+    }
+  }
+  if (spec.distributed) {
+    std::vector<double> sums{loss_sum, static_cast<double>(correct)};
+    for (auto c : topk_correct) sums.push_back(static_cast<double>(c));
+    auto summed = torch::tensor(sums, torch::kDouble);
+    auto most = torch::tensor(std::vector<std::int64_t>{num_classes}, torch::kLong);  // a rank with an empty shard saw none
+    const std::string what = fmt::format("the metrics of eval set \"{}\"", name);
+    if (auto ok = spec.distributed->all_reduce({summed}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
+    if (auto ok = spec.distributed->all_reduce({most}, Distributed::Op::max, what); !ok) return tl::unexpected(ok.error());
+    loss_sum = summed[0].item<double>();
+    correct = std::llround(summed[1].item<double>());
+    for (std::size_t k = 0; k < topk_correct.size(); ++k) topk_correct[k] = std::llround(summed[2 + static_cast<std::int64_t>(k)].item<double>());
+    num_classes = most[0].item<std::int64_t>();
+  }
+  std::map<std::string, double> m;
+  m["loss"] = loss_sum / static_cast<double>(n);
+  if (classes && num_classes > 0) {
+    m["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
+    for (std::size_t k = 0; k < spec.top_k.size(); ++k)
+      if (spec.top_k[k] >= 1 && spec.top_k[k] <= num_classes)
+        m[fmt::format("top{}_accuracy", spec.top_k[k])] = static_cast<double>(topk_correct[k]) / static_cast<double>(n);
+  }
+  return m;
+}
+
 }  // namespace
 
 Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
@@ -31,89 +117,17 @@ Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
     if (!spec.loss.fn) return fail(ErrorCode::invalid_argument, "eval: no loss function set");
     torch::NoGradGuard no_grad;
     if (!spec.weights.empty()) {
-      // Evaluate a copy that holds the weights the algorithm keeps (e.g. its EMA).
-      auto it = s.algorithm_state.find(spec.weights);
-      if (it == s.algorithm_state.end() || it->second.empty())
-        return fail(ErrorCode::invalid_argument,
-                    fmt::format("eval: weights \"{}\" requested, but the state holds none; add the algorithm \"{}\" "
-                                "to the training spec and train at least one step with it",
-                                spec.weights, spec.weights));
-      TrainState swapped = s;
-      auto take = [&](const std::vector<std::pair<std::string, torch::Tensor>>& named) -> Expected<void> {
-        for (const auto& [name, t] : named) {
-          auto jt = it->second.find(name);
-          if (jt == it->second.end() || !jt->second.defined() || jt->second.sizes() != t.sizes())
-            return fail(ErrorCode::shape_mismatch,
-                        fmt::format("eval: weights \"{}\" have no tensor \"{}\" of shape {} (the model changed since "
-                                    "they were recorded?)", spec.weights, name, detail::shape_string(t)));
-          t.copy_(jt->second);
-        }
-        return {};
-      };
-      if (auto ok = take(swapped.named_parameters()); !ok) return tl::unexpected(ok.error());
-      if (auto ok = take(swapped.named_buffers()); !ok) return tl::unexpected(ok.error());
       EvalSpec plain = spec;
       plain.weights.clear();
-      return eval(plain, swapped);
+      return with_weights(spec.weights, s).and_then([&](const TrainState& swapped) { return eval(plain, swapped); });
     }
     EvalModeScope eval_mode(*s.model.module);
     detail::GlobalRngScope rng(s.rng);  // restores the caller's generator; the state's is not written
     Metrics metrics;
     for (const auto& [name, ds] : spec.sets) {
-      if (auto ok = ds.validate(); !ok) return tl::unexpected(ok.error().with_context(fmt::format("eval set \"{}\"", name)));
-      const std::int64_t n = spec.limit ? std::min(ds.size(), *spec.limit) : ds.size();
-      if (n <= 0) return fail(ErrorCode::invalid_argument, fmt::format("eval set \"{}\": no samples to evaluate", name));
-      const bool classes = ds.targets.scalar_type() == torch::kLong && ds.targets.dim() == 1;
-      double loss_sum = 0;
-      std::int64_t correct = 0;
-      std::vector<std::int64_t> topk_correct(spec.top_k.size(), 0);
-      std::int64_t num_classes = 0;
-      // Across ranks: this rank's contiguous shard of the set; sums and counts reduced below.
-      const auto [lo, count] = spec.distributed ? spec.distributed->shard(n) : std::pair<std::int64_t, std::int64_t>{0, n};
-      for (std::int64_t i = lo; i < lo + count; i += spec.batch_size) {
-        const std::int64_t take = std::min(spec.batch_size, lo + count - i);
-        auto x = ds.inputs.narrow(0, i, take);
-        auto y = ds.targets.narrow(0, i, take);
-        torch::Tensor out;
-        try {
-          out = s.model.forward(x);
-        } catch (const c10::Error& e) {
-          return fail(ErrorCode::shape_mismatch, fmt::format("eval set \"{}\": the model's forward failed on inputs of shape {}: {}",
-                                                             name, detail::shape_string(x), detail::torch_message(e)));
-        }
-        auto l = spec.loss.fn(out, y);
-        loss_sum += l.item<double>() * static_cast<double>(take);
-        if (classes && out.dim() == 2) {
-          num_classes = out.size(1);
-          correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
-          for (std::size_t k = 0; k < spec.top_k.size(); ++k) {
-            if (spec.top_k[k] > out.size(1) || spec.top_k[k] < 1) continue;
-            auto top = std::get<1>(out.topk(spec.top_k[k], 1));
-            topk_correct[k] += top.eq(y.unsqueeze(1)).any(1).sum().item<std::int64_t>();
-          }
-        }
-      }
-      if (spec.distributed) {
-        std::vector<double> sums{loss_sum, static_cast<double>(correct)};
-        for (auto c : topk_correct) sums.push_back(static_cast<double>(c));
-        auto summed = torch::tensor(sums, torch::kDouble);
-        auto most = torch::tensor(std::vector<std::int64_t>{num_classes}, torch::kLong);  // a rank with an empty shard saw none
-        const std::string what = fmt::format("the metrics of eval set \"{}\"", name);
-        if (auto ok = spec.distributed->all_reduce({summed}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
-        if (auto ok = spec.distributed->all_reduce({most}, Distributed::Op::max, what); !ok) return tl::unexpected(ok.error());
-        loss_sum = summed[0].item<double>();
-        correct = std::llround(summed[1].item<double>());
-        for (std::size_t k = 0; k < topk_correct.size(); ++k) topk_correct[k] = std::llround(summed[2 + static_cast<std::int64_t>(k)].item<double>());
-        num_classes = most[0].item<std::int64_t>();
-      }
-      auto& m = metrics[name];
-      m["loss"] = loss_sum / static_cast<double>(n);
-      if (classes && num_classes > 0) {
-        m["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
-        for (std::size_t k = 0; k < spec.top_k.size(); ++k)
-          if (spec.top_k[k] >= 1 && spec.top_k[k] <= num_classes)
-            m[fmt::format("top{}_accuracy", spec.top_k[k])] = static_cast<double>(topk_correct[k]) / static_cast<double>(n);
-      }
+      auto m = eval_set(spec, s, name, ds);
+      if (!m) return tl::unexpected(m.error());
+      metrics[name] = std::move(*m);
     }
     return metrics;
   });

@@ -202,3 +202,87 @@ TEST_CASE("a C++ chain killed (SIGKILL) at random moments and resumed with the s
   CHECK(a->params_sha256 == b->params_sha256);
   CHECK(metric_lines(cut) == metric_lines(tmp.path / "whole"));
 }
+
+TEST_CASE("baton run: SIGINT at 20 random moments -- every checkpoint announced exists at its batch, resume gives the same bits",
+          "[run][cli][resume][slow]") {
+  test::TempDir tmp;
+  // Stages of 1 batch between longer ones: signals land in last batches and in 1-batch stages.
+  std::ofstream(tmp.path / "s.toml") << R"(
+[run]
+name = "signals"
+seed = 9
+max_duration = "600ba"
+[model]
+name = "mlp"
+widths = [8, 64, 4]
+[datasets.train]
+kind = "synthetic"
+samples = 2000
+features = 8
+classes = 4
+seed = 1
+[defaults]
+data = "train"
+batch_size = 16
+optimizer = { name = "sgd", lr = 0.02, momentum = 0.9 }
+[[stages]]
+name = "a"
+duration = "150ba"
+[[stages]]
+name = "one"
+duration = "1ba"
+[[stages]]
+name = "b"
+duration = "150ba"
+[[stages]]
+name = "two"
+duration = "1ba"
+[[stages]]
+name = "c"
+duration = "200ba"
+)";
+  const std::string file = (tmp.path / "s.toml").string();
+  std::string log;
+  auto whole = test::spawn(BATON_EXE, {"run", file, "--run-dir", (tmp.path / "whole").string()});
+  REQUIRE(test::finish(whole, log) == 0);
+  const auto expected = baton::read_checkpoint_info(tmp.path / "whole" / "final.baton");
+  REQUIRE(expected);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> delay_ms(150, 2500);
+  const std::string cut = (tmp.path / "cut").string();
+  int interrupted = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto child = test::spawn(BATON_EXE, {"run", file, "--run-dir", cut});
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
+    ::kill(child.pid, SIGINT);
+    std::string out;
+    const int rc = test::finish(child, out);
+    INFO(out);
+    REQUIRE((rc == 0 || rc == 3 || rc == 128 + SIGINT));  // 130: the signal came before baton::run began
+    if (rc == 0) {
+      fs::remove_all(cut);  // it finished: start over for the next moment
+      continue;
+    }
+    if (rc != 3) continue;
+    ++interrupted;
+    // "interrupted at epoch E, batch B (stage "s"); checkpoint written to PATH."
+    const auto b = out.find(", batch ");
+    const auto w = out.find("checkpoint written to ");
+    REQUIRE(b != std::string::npos);
+    REQUIRE(w != std::string::npos);
+    const std::int64_t batch = std::stoll(out.substr(b + 8));
+    const std::string path = out.substr(w + 22, out.find(".\n", w) - (w + 22));
+    REQUIRE(fs::is_regular_file(path));
+    const auto info = baton::read_checkpoint_info(path);
+    REQUIRE(info);
+    CHECK(info->time.batch == batch);
+  }
+  INFO(interrupted << " of 20 runs were interrupted");
+  CHECK(interrupted >= 10);
+  auto last = test::spawn(BATON_EXE, {"run", file, "--run-dir", cut});
+  REQUIRE(test::finish(last, log) == 0);
+  const auto got = baton::read_checkpoint_info(fs::path(cut) / "final.baton");
+  REQUIRE(got);
+  CHECK(got->params_sha256 == expected->params_sha256);
+  CHECK(metric_lines(cut) == metric_lines(tmp.path / "whole"));
+}

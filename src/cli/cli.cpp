@@ -176,6 +176,25 @@ int inspect(const std::string& path) {
   fmt::print("{}\n", j.dump(2));
   return exit_ok;
 }
+/// `baton run f.toml --nproc N`: the same command, N times, under the launcher.
+int run_ranks(const RunArgs& a) {
+  LaunchOptions lo{.nproc = a.nproc, .command = {self_executable(), "run", a.file}};
+  for (const auto& s : a.sets) lo.command.insert(lo.command.end(), {"--set", s});
+  if (!a.run_dir.empty()) lo.command.insert(lo.command.end(), {"--run-dir", a.run_dir});
+  if (a.fresh) lo.command.emplace_back("--fresh");
+  return launch(lo);
+}
+
+int write_report(const std::vector<std::string>& run_dirs, const std::string& out_file) {
+  std::vector<fs::path> dirs(run_dirs.begin(), run_dirs.end());
+  const fs::path out = !out_file.empty() ? fs::path(out_file)
+                       : dirs.size() == 1 ? dirs.front() / "report.html"
+                                          : fs::path("report.html");
+  auto page = report::write(dirs, out);
+  if (!page) return report(page.error());
+  fmt::print("report: {}\n", page->string());
+  return exit_ok;
+}
 }  // namespace
 
 int main(int argc, char** argv, const Registry& registry) {
@@ -237,30 +256,12 @@ int main(int argc, char** argv, const Registry& registry) {
       launch_args.grace = std::chrono::milliseconds(static_cast<long>(launch_grace * 1000));
       return launch(launch_args);
     }
-    if (*run_cmd && run_args.nproc > 0 && !launched_distributed()) {
-      // baton run f.toml --nproc N: the same command, N times, under the launcher.
-      LaunchOptions lo{.nproc = run_args.nproc, .command = {self_executable(), "run", run_args.file}};
-      for (const auto& s : run_args.sets) lo.command.insert(lo.command.end(), {"--set", s});
-      if (!run_args.run_dir.empty()) lo.command.insert(lo.command.end(), {"--run-dir", run_args.run_dir});
-      if (run_args.fresh) lo.command.emplace_back("--fresh");
-      return launch(lo);
-    }
-    if (*run_cmd) {
-      return run(run_args, registry);
-    }
+    if (*run_cmd && run_args.nproc > 0 && !launched_distributed()) return run_ranks(run_args);
+    if (*run_cmd) return run(run_args, registry);
     if (*validate_cmd) return validate(validate_file, validate_sets, registry);
     if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, registry);
     if (*inspect_cmd) return inspect(inspect_path);
-    if (*report_cmd) {
-      std::vector<fs::path> dirs(report_dirs.begin(), report_dirs.end());
-      const fs::path out = !report_out.empty() ? fs::path(report_out)
-                           : dirs.size() == 1   ? dirs.front() / "report.html"
-                                                : fs::path("report.html");
-      auto page = report::write(dirs, out);
-      if (!page) return report(page.error());
-      fmt::print("report: {}\n", page->string());
-      return exit_ok;
-    }
+    if (*report_cmd) return write_report(report_dirs, report_out);
   } catch (const std::exception& e) {  // I/O of logs and the like: say it and fail cleanly
     fmt::print(stderr, "baton: {}\n", e.what());
     return exit_training_failed;

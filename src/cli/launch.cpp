@@ -67,6 +67,80 @@ std::string self_executable() {
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("baton");
 }
 
+/// Collects every rank that has ended since the last look; returns one that failed on its own
+/// (of several at once, one killed by a signal, the cause, before one that failed because of
+/// it). After a forwarded signal, a rank that stopped with exit 3 did as asked.
+std::optional<int> collect_ended(const std::vector<pid_t>& pids, std::vector<std::optional<int>>& statuses, bool forwarded) {
+  std::optional<int> pick;
+  for (std::size_t r = 0; r < pids.size(); ++r) {
+    if (statuses[r]) continue;
+    int st = 0;
+    if (::waitpid(pids[r], &st, WNOHANG) != pids[r]) continue;
+    statuses[r] = st;
+    if (!failed(st) || (forwarded && WIFEXITED(st) && WEXITSTATUS(st) == exit_interrupted)) continue;
+    if (!pick || (WIFSIGNALED(st) && !WIFSIGNALED(*statuses[static_cast<std::size_t>(*pick)]))) pick = static_cast<int>(r);
+  }
+  return pick;
+}
+
+/// The launcher's exit status: 1 when a rank failed on its own (named, with the others), else
+/// the ranks' common one: 0 when all succeeded, 3 when all stopped after a forwarded signal.
+int exit_status(const std::vector<std::optional<int>>& statuses, std::optional<int> first_failed) {
+  if (first_failed) {
+    std::vector<std::string> others;
+    for (std::size_t r = 0; r < statuses.size(); ++r)
+      if (static_cast<int>(r) != *first_failed) others.push_back(fmt::format("rank {}: {}", r, status_text(*statuses[r])));
+    fmt::print(stderr, "baton launch: rank {} failed ({}){}{}\n", *first_failed,
+               status_text(*statuses[static_cast<std::size_t>(*first_failed)]), others.empty() ? "" : "; ",
+               fmt::join(others, ", "));
+    return 1;
+  }
+  // No rank failed on its own: all succeeded (0), or all stopped after a forwarded signal (3, the
+  // code `baton run` gives an interrupted run, when every rank wrote or joined its checkpoint).
+  int code = 0;
+  for (const auto& st : statuses)
+    if (failed(*st)) code = WIFEXITED(*st) ? WEXITSTATUS(*st) : 128 + WTERMSIG(*st);
+  return code;
+}
+
+/// Forks and execs the ranks with torchrun's variables; false (the started ones stopped) if a
+/// fork fails.
+bool start_ranks(const LaunchOptions& o, int port, const struct sigaction& old_int, const struct sigaction& old_term,
+                 std::vector<pid_t>& pids) {
+  std::vector<std::string> argv_storage = o.command;
+  std::vector<char*> argv;
+  for (auto& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (int r = 0; r < o.nproc; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      fmt::print(stderr, "baton launch: cannot start rank {}: {}\n", r, std::strerror(errno));
+      for (int k = 0; k < r; ++k) ::kill(pids[static_cast<std::size_t>(k)], SIGTERM);
+      for (int k = 0; k < r; ++k) ::waitpid(pids[static_cast<std::size_t>(k)], nullptr, 0);
+      return false;
+    }
+    if (pid == 0) {
+      // Its own process group: a Ctrl-C at the terminal reaches the launcher only, which
+      // forwards it once (a rank that got it twice would leave at once, without a checkpoint).
+      ::setpgid(0, 0);
+      sigaction(SIGINT, &old_int, nullptr);
+      sigaction(SIGTERM, &old_term, nullptr);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (o.rank_logs) ::setenv("BATON_RANK_LOGS", "1", 1);
+      ::execvp(argv[0], argv.data());
+      fmt::print(stderr, "baton launch: rank {}: cannot run {}: {}\n", r, argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    pids[static_cast<std::size_t>(r)] = pid;
+  }
+  return true;
+}
+
 int launch(const LaunchOptions& o) {
   if (o.nproc < 1) {
     fmt::print(stderr, "baton launch: -n must be at least 1, got {}\n", o.nproc);
@@ -94,37 +168,7 @@ int launch(const LaunchOptions& o) {
 
   std::vector<pid_t> pids(static_cast<std::size_t>(o.nproc), -1);
   std::vector<std::optional<int>> statuses(pids.size());
-  std::vector<std::string> argv_storage = o.command;
-  std::vector<char*> argv;
-  for (auto& a : argv_storage) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (int r = 0; r < o.nproc; ++r) {
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      fmt::print(stderr, "baton launch: cannot start rank {}: {}\n", r, std::strerror(errno));
-      for (int k = 0; k < r; ++k) ::kill(pids[static_cast<std::size_t>(k)], SIGTERM);
-      for (int k = 0; k < r; ++k) ::waitpid(pids[static_cast<std::size_t>(k)], nullptr, 0);
-      return 1;
-    }
-    if (pid == 0) {
-      // Its own process group: a Ctrl-C at the terminal reaches the launcher only, which
-      // forwards it once (a rank that got it twice would leave at once, without a checkpoint).
-      ::setpgid(0, 0);
-      sigaction(SIGINT, &old_int, nullptr);
-      sigaction(SIGTERM, &old_term, nullptr);
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      if (o.rank_logs) ::setenv("BATON_RANK_LOGS", "1", 1);
-      ::execvp(argv[0], argv.data());
-      fmt::print(stderr, "baton launch: rank {}: cannot run {}: {}\n", r, argv[0], std::strerror(errno));
-      ::_exit(127);
-    }
-    pids[static_cast<std::size_t>(r)] = pid;
-  }
+  if (!start_ranks(o, port, old_int, old_term, pids)) return 1;
 
   std::optional<int> first_failed;  // rank
   std::optional<SteadyClock::time_point> term_at, kill_at;
@@ -140,22 +184,8 @@ int launch(const LaunchOptions& o) {
       if (!statuses[r]) ::kill(pids[r], sig);
   };
   while (alive() > 0) {
-    // Collect every rank that has ended since the last look; of several that failed at once,
-    // one killed by a signal (the cause) is named before one that failed because of it.
-    std::vector<int> ended;
-    for (std::size_t r = 0; r < pids.size(); ++r) {
-      if (statuses[r]) continue;
-      int st = 0;
-      const pid_t got = ::waitpid(pids[r], &st, WNOHANG);
-      if (got == pids[r]) statuses[r] = st, ended.push_back(static_cast<int>(r));
-    }
+    const std::optional<int> pick = collect_ended(pids, statuses, forwarded);
     if (!first_failed) {
-      std::optional<int> pick;
-      for (int r : ended) {
-        const int st = *statuses[static_cast<std::size_t>(r)];
-        if (!failed(st) || (forwarded && WIFEXITED(st) && WEXITSTATUS(st) == exit_interrupted)) continue;
-        if (!pick || (WIFSIGNALED(st) && !WIFSIGNALED(*statuses[static_cast<std::size_t>(*pick)]))) pick = r;
-      }
       if (pick && !termed) {
         first_failed = pick;
         fmt::print(stderr, "baton launch: rank {} failed ({}); the other ranks get {:g} s to stop\n", *pick,
@@ -186,21 +216,7 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
 
-  if (first_failed) {
-    std::vector<std::string> others;
-    for (std::size_t r = 0; r < pids.size(); ++r)
-      if (static_cast<int>(r) != *first_failed) others.push_back(fmt::format("rank {}: {}", r, status_text(*statuses[r])));
-    fmt::print(stderr, "baton launch: rank {} failed ({}){}{}\n", *first_failed,
-               status_text(*statuses[static_cast<std::size_t>(*first_failed)]), others.empty() ? "" : "; ",
-               fmt::join(others, ", "));
-    return 1;
-  }
-  // No rank failed on its own: all succeeded (0), or all stopped after a forwarded signal (3, the
-  // code `baton run` gives an interrupted run, when every rank wrote or joined its checkpoint).
-  int code = 0;
-  for (const auto& st : statuses)
-    if (failed(*st)) code = WIFEXITED(*st) ? WEXITSTATUS(*st) : 128 + WTERMSIG(*st);
-  return code;
+  return exit_status(statuses, first_failed);
 }
 
 }  // namespace baton::cli

@@ -8,6 +8,7 @@
 // data-points, so a browser test counts the points the browser actually parsed.
 #include "baton/report.hpp"
 #include "io.hpp"
+#include "report/internal.hpp"
 
 #include <unistd.h>
 
@@ -25,60 +26,10 @@
 
 namespace baton::report {
 namespace {
-namespace fs = std::filesystem;
-using json = nlohmann::json;
+using namespace internal;
 
 constexpr double kSmoothing = 0.8;  // EMA weight of the smoothed loss (reset at each stage start)
 const std::vector<std::string> kColors = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
-
-struct Point {
-  double x = 0, y = 0;
-  std::string stage;
-};
-
-/// Appends a point in sample order. A resumed run re-logs the batches after its last checkpoint:
-/// the later lines replace the earlier ones from that sample on.
-void append(std::vector<Point>& series, Point p) {
-  while (!series.empty() && series.back().x >= p.x) series.pop_back();
-  series.push_back(std::move(p));
-}
-
-struct Stage {
-  std::string name;
-  std::optional<json> start;  // first stage_start event
-  std::optional<json> end;    // last stage_end event
-  int starts = 0;             // more than one: the stage was resumed
-  double first_sample = std::numeric_limits<double>::quiet_NaN();
-  std::int64_t first_epoch = 0, first_batch = 0;
-  std::int64_t last_epoch = 0, last_batch = 0;
-  double last_sample = 0, last_loss = std::numeric_limits<double>::quiet_NaN();
-  std::map<std::string, double> final_eval;  // "set/metric" -> last value
-  bool trained = false;
-};
-
-struct Run {
-  fs::path dir;
-  std::string label, name, config, color;
-  std::vector<std::string> order;  // stage names in the order they appear
-  std::map<std::string, Stage> stages;
-  std::vector<Point> loss, lr, throughput;
-  std::map<std::string, std::vector<Point>> eval;  // "set/metric"
-  std::vector<std::string> files;
-
-  Stage& stage(const std::string& n) {
-    if (!stages.count(n)) {
-      order.push_back(n);
-      stages[n].name = n;
-    }
-    return stages[n];
-  }
-  /// Where a stage began in samples: its stage_start event, else where the stage before it ended.
-  [[nodiscard]] double start_of(std::size_t i) const {
-    const auto& s = stages.at(order[i]);
-    if (s.start) return s.start->value("sample", 0.0);
-    return i == 0 ? 0.0 : stages.at(order[i - 1]).last_sample;
-  }
-};
 
 std::string escape(const std::string& s) {
   std::string out;
@@ -101,110 +52,6 @@ std::string duration_text(double seconds) {
                    : fmt::format("{}:{:02}", s / 60, s % 60);
 }
 
-std::string compact(double v) {
-  const double a = std::abs(v);
-  if (a >= 1e6) return fmt::format("{:.3g}M", v / 1e6);
-  if (a >= 1e3) return fmt::format("{:.3g}k", v / 1e3);
-  return fmt::format("{:.3g}", v);
-}
-
-/// The run's name from its resolved config.toml ([run] name = "..."), which baton writes itself.
-std::string run_name(const std::string& config) {
-  std::istringstream in(config);
-  bool in_run = false;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty() && line[0] == '[') in_run = line.rfind("[run]", 0) == 0;
-    if (in_run && line.rfind("name ", 0) == 0) {  // name = 'text' (or "text")
-      const auto a = line.find_first_of("'\""), b = a == std::string::npos ? a : line.find(line[a], a + 1);
-      if (b != std::string::npos) return line.substr(a + 1, b - a - 1);
-    }
-  }
-  return "";
-}
-
-Expected<Run> read_run(const fs::path& given) {
-  Run run;
-  run.dir = given;
-  std::error_code ec;
-  if (!fs::is_directory(given, ec))
-    return fail(ErrorCode::io, fmt::format("{}: no such directory; give a run directory written by `baton run` "
-                                           "(it holds metrics.jsonl and config.toml)", given.string()));
-  const fs::path metrics = given / "metrics.jsonl";
-  std::ifstream in(metrics, std::ios::binary);
-  if (!in)
-    return fail(ErrorCode::io, fmt::format("{}: no metrics.jsonl here, so nothing to plot; is this a run directory "
-                                           "of `baton run` (see run.run_dir or --run-dir)?", given.string()));
-  const std::string text((std::istreambuf_iterator<char>(in)), {});
-  std::size_t pos = 0;
-  int line_no = 0;
-  while (pos < text.size()) {
-    const auto nl = text.find('\n', pos);
-    const std::string line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-    const bool complete = nl != std::string::npos;
-    pos = complete ? nl + 1 : text.size();
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("event") || !j["event"].is_string()) {
-      if (!complete) break;  // the last line of a killed run, cut off mid-write
-      return fail(ErrorCode::data, fmt::format("{}:{}: not a metrics line (a JSON object with \"event\"): {:.80}",
-                                               metrics.string(), line_no, line));
-    }
-    const std::string event = j["event"];
-    const std::string stage_name = j.value("stage", "");
-    if (stage_name.empty()) continue;  // a line of another tool: ignored
-    auto& st = run.stage(stage_name);
-    const double sample = j.value("sample", 0.0);
-    if (event == "stage_start") {
-      if (!st.start) st.start = j;
-      ++st.starts;
-    } else if (event == "stage_end") {
-      st.end = j;
-    } else if (event == "train") {
-      if (!st.trained) {
-        st.first_sample = sample;
-        st.first_epoch = j.value("epoch", std::int64_t{0});
-        st.first_batch = j.value("batch", std::int64_t{0});
-      }
-      st.trained = true;
-      st.last_sample = sample;
-      st.last_epoch = j.value("epoch", std::int64_t{0});
-      st.last_batch = j.value("batch", std::int64_t{0});
-      if (j.contains("loss") && j["loss"].is_number()) {
-        st.last_loss = j["loss"];
-        append(run.loss, {sample, j["loss"], stage_name});
-      }
-      if (j.contains("lr") && j["lr"].is_number()) append(run.lr, {sample, j["lr"], stage_name});
-      if (j.contains("samples_per_s") && j["samples_per_s"].is_number())
-        append(run.throughput, {sample, j["samples_per_s"], stage_name});
-    } else if (event == "eval") {
-      const std::string set = j.value("set", "");
-      for (const auto& [key, v] : j.items()) {
-        if (!v.is_number() || key == "epoch" || key == "batch" || key == "sample") continue;
-        const std::string metric = set.empty() ? key : set + "/" + key;
-        append(run.eval[metric], {sample, v, stage_name});
-        st.final_eval[metric] = v;
-      }
-    }
-  }
-  if (run.loss.empty())
-    return fail(ErrorCode::data, fmt::format("{}: no training lines (event \"train\") yet, so nothing to plot; "
-                                             "report a run that has trained at least a few batches",
-                                             metrics.string()));
-  if (std::ifstream cfg(given / "config.toml"); cfg) run.config.assign(std::istreambuf_iterator<char>(cfg), {});
-  run.name = run_name(run.config);
-  for (const auto& e : fs::directory_iterator(given, ec)) {
-    if (e.is_directory(ec)) {
-      std::size_t n = 0;
-      for ([[maybe_unused]] const auto& f : fs::directory_iterator(e.path(), ec)) ++n;
-      run.files.push_back(fmt::format("{}/ ({} files)", e.path().filename().string(), n));
-    } else {
-      run.files.push_back(fmt::format("{} ({})", e.path().filename().string(), compact(static_cast<double>(e.file_size(ec)))));
-    }
-  }
-  std::sort(run.files.begin(), run.files.end());
-  return run;
-}
 
 // ---------------------------------------------------------------- SVG plots
 struct Series {
