@@ -174,6 +174,7 @@ batch_size = 64
   CHECK(lines == metric_lines(tmp.path / "cli"));
 }
 
+#ifdef BATON_RUN_EXAMPLE  // built with the examples (the sanitizer build leaves them out)
 TEST_CASE("a C++ chain killed (SIGKILL) at random moments and resumed with the same call equals the uninterrupted chain",
           "[run][resume][kill]") {
   test::TempDir tmp;
@@ -202,6 +203,7 @@ TEST_CASE("a C++ chain killed (SIGKILL) at random moments and resumed with the s
   CHECK(a->params_sha256 == b->params_sha256);
   CHECK(metric_lines(cut) == metric_lines(tmp.path / "whole"));
 }
+#endif
 
 TEST_CASE("baton run: SIGINT at 20 random moments -- every checkpoint announced exists at its batch, resume gives the same bits",
           "[run][cli][resume][slow]") {
