@@ -48,19 +48,58 @@ auto guard(F&& f) -> decltype(f()) {
 /// "[128, 10]"
 std::string shape_string(const torch::Tensor& t);
 
-/// Installs a generator state into LibTorch's default CPU generator for the scope (so dropout
-/// and any user randomness in forward draw from the run's RNG), and restores the caller's
-/// generator state on exit. `saved()` reads the run's RNG back before the scope ends.
+/// LibTorch's one process-wide CPU generator (Dropout and any randomness in a model's forward
+/// draw from it) shared by fits, evaluations and copies in several threads: each run's stream
+/// of random numbers lives in an `RngStream`, and a `Hold` is the exclusive section in which
+/// that stream is installed in the generator. Holds of different threads never overlap; holds
+/// nest within a thread (an evaluation inside a fit's batch). A stream stays installed after its
+/// hold ends until another stream needs the generator (one thread pays nothing to switch), and
+/// the generator's state from before any stream is restored when the last installed one ends.
+/// Code outside baton that draws from the global generator while fits run in other threads
+/// changes their bits: give it a generator of its own. See docs/threads.md.
+class RngStream {
+ public:
+  explicit RngStream(torch::Tensor state);
+  RngStream(const RngStream&) = delete;
+  RngStream& operator=(const RngStream&) = delete;
+  ~RngStream();
+  /// The exclusive section with this stream installed in the global generator.
+  class Hold {
+   public:
+    explicit Hold(RngStream& stream);
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold();
+  };
+  [[nodiscard]] Hold hold() { return Hold(*this); }
+  [[nodiscard]] torch::Tensor current();  // the stream's state now
+ private:
+  friend struct RngSection;
+  torch::Tensor state_;  // valid while not installed
+};
+
+/// A one-off section: `state` installed in the global generator for the scope (a factory call,
+/// an evaluation, one train_step); the generator is as before when it ends.
 class GlobalRngScope {
  public:
-  explicit GlobalRngScope(const torch::Tensor& state);
-  GlobalRngScope(const GlobalRngScope&) = delete;
-  GlobalRngScope& operator=(const GlobalRngScope&) = delete;
-  ~GlobalRngScope();
-  [[nodiscard]] torch::Tensor current() const;  // the run's generator state now
+  explicit GlobalRngScope(const torch::Tensor& state) : stream_(state), hold_(stream_) {}
+  [[nodiscard]] torch::Tensor current() { return stream_.current(); }
  private:
-  at::Generator gen_;
-  torch::Tensor caller_state_;
+  RngStream stream_;
+  RngStream::Hold hold_;
+};
+
+/// While alive, this thread leaves the exclusive section it holds (if any) so that other threads
+/// can take it: around a collective that waits for ranks running as threads of this process.
+/// On exit it takes the section back with its innermost stream installed.
+class RngYield {
+ public:
+  RngYield();
+  RngYield(const RngYield&) = delete;
+  RngYield& operator=(const RngYield&) = delete;
+  ~RngYield();
+ private:
+  int depth_ = 0;
 };
 
 /// A fresh CPU generator state seeded with `seed` (for init_state and the run's RNG stream).

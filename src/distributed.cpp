@@ -13,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "detail.hpp"
+
 namespace baton {
 namespace {
 
@@ -67,6 +69,7 @@ struct Distributed::Impl {
     std::string failure;
     for (auto& w : works) {
       try {
+        const detail::RngYield others_may_draw;  // ranks may be threads of this process
         w->wait(options.timeout);
       } catch (const std::exception& e) {
         if (failure.empty()) failure = first_line(e);

@@ -121,8 +121,10 @@ Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
       plain.weights.clear();
       return with_weights(spec.weights, s).and_then([&](const TrainState& swapped) { return eval(plain, swapped); });
     }
+    // The whole evaluation is one exclusive section (docs/threads.md): the module's eval mode
+    // and any draws of its forward are never seen by another thread; the state is left as it was.
+    detail::GlobalRngScope rng(s.rng);
     EvalModeScope eval_mode(*s.model.module);
-    detail::GlobalRngScope rng(s.rng);  // restores the caller's generator; the state's is not written
     Metrics metrics;
     for (const auto& [name, ds] : spec.sets) {
       auto m = eval_set(spec, s, name, ds);

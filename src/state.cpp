@@ -11,23 +11,6 @@
 namespace baton {
 namespace detail {
 
-GlobalRngScope::GlobalRngScope(const torch::Tensor& state) : gen_(at::detail::getDefaultCPUGenerator()) {
-  std::lock_guard<std::mutex> lock(gen_.mutex());
-  caller_state_ = gen_.get_state();
-  gen_.set_state(state);
-}
-
-GlobalRngScope::~GlobalRngScope() {
-  std::lock_guard<std::mutex> lock(gen_.mutex());
-  gen_.set_state(caller_state_);
-}
-
-torch::Tensor GlobalRngScope::current() const {
-  auto gen = gen_;  // shares the impl
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
 torch::Tensor seeded_rng_state(std::uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
   std::lock_guard<std::mutex> lock(gen.mutex());

@@ -53,6 +53,9 @@ class Runner {
   Runner(const RunOptions& o, const std::vector<TrainingSpec>& stages) : o_(o), stages_(stages) {}
 
   Expected<RunResult> go(TrainState initial) {
+    // From the start: a signal while the directory is opened or a checkpoint is read stops the
+    // run where it stands, with a checkpoint there, like one later on.
+    detail::SignalScope signals(o_.handle_signals);
     if (auto ok = open(); !ok) return tl::unexpected(ok.error());
     auto resume = find_resume_here(initial.factory);
     if (!resume) return tl::unexpected(resume.error());
@@ -68,7 +71,6 @@ class Runner {
       say(fmt::format("resuming from {}: stage {}, epoch {}, batch {}", r.from.string(), result_.state.stage,
                       result_.state.time.epoch, result_.state.time.batch));
     }
-    detail::SignalScope signals(o_.handle_signals);  // between stages too
     for (std::size_t i = first; i < stages_.size(); ++i) {
       if (auto ok = train_stage(i); !ok) return tl::unexpected(ok.error());
       if (result_.interrupted) return std::move(result_);

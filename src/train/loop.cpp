@@ -52,12 +52,18 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
   std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s);
   detail::FreezeScope frozen(spec, *s.model.module);
   s.model.module->train(true);
-  detail::GlobalRngScope rng(s.rng);  // dropout, augmentation etc. draw from the run's RNG
+  // Dropout, augmentation etc. draw from the run's RNG, installed in LibTorch's global generator
+  // for each batch: fits in other threads take turns (docs/threads.md).
+  detail::RngStream rng(s.rng);
   detail::DataParallel dp(spec.distributed.get());
   dp.start(s, course.n, course.batch_size, course.data_seed);
   detail::Observers obs(spec, s, course, rng, dp, std::move(transfer));
-  obs.fire(Event::fit_start);
+  {
+    const auto held = rng.hold();
+    obs.fire(Event::fit_start);
+  }
   for (Timestamp& t = s.time; !course.done(s);) {
+    const auto held = rng.hold();
     if (obs.stop_requested()) break;
     detail::roll_epoch(t, course.n, course.batch_size, course.drop_last);
     if (course.done(s)) break;
@@ -80,7 +86,10 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
     detail::roll_epoch(t, course.n, course.batch_size, course.drop_last);
     obs.after_batch(before, t.epoch != epoch);
   }
-  obs.finish();
+  {
+    const auto held = rng.hold();
+    obs.finish();
+  }
   return s;
 }
 

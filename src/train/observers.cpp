@@ -12,7 +12,7 @@
 
 namespace baton::detail {
 
-Observers::Observers(const TrainingSpec& spec, TrainState& s, const Course& course, GlobalRngScope& rng,
+Observers::Observers(const TrainingSpec& spec, TrainState& s, const Course& course, RngStream& rng,
                      DataParallel& dp, std::optional<TransferReport> transfer)
     : spec_(spec),
       s_(s),

@@ -20,7 +20,7 @@ namespace baton::detail {
 class Observers {
  public:
   /// Opens (or extends) the stage's history record; `transfer` is what begin_stage reported.
-  Observers(const TrainingSpec& spec, TrainState& s, const Course& course, GlobalRngScope& rng, DataParallel& dp,
+  Observers(const TrainingSpec& spec, TrainState& s, const Course& course, RngStream& rng, DataParallel& dp,
             std::optional<TransferReport> transfer);
 
   /// The hooks the step fires; null when nothing is attached (nothing to pay for).
@@ -53,7 +53,7 @@ class Observers {
   const TrainingSpec& spec_;
   TrainState& s_;
   const Course& course_;
-  GlobalRngScope& rng_;
+  RngStream& rng_;
   DataParallel& dp_;
   Hooks hooks_;
   bool attached_;
