@@ -204,7 +204,8 @@ std::string read_all(const fs::path& path) {
     const int err = errno;
     detail::raise(ErrorCode::io, fmt::format("cannot {} checkpoint \"{}\": {}", what, path.string(), std::strerror(err)));
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail_io("open");
   std::unique_ptr<const int, void (*)(const int*)> closer(&fd, [](const int* f) { ::close(*f); });
   struct stat st{};

@@ -9,6 +9,7 @@
 
 #include "baton/data.hpp"
 #include "detail.hpp"
+#include "io.hpp"
 
 namespace baton {
 
@@ -46,11 +47,7 @@ namespace {
 
 /// Reads a whole file, gunzipping it if it is gzip (zlib reads plain files unchanged).
 Expected<std::vector<unsigned char>> read_all(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    return fail(ErrorCode::io, fmt::format("{}: no such file", path.string()));
-  if (std::filesystem::is_directory(path, ec))
-    return fail(ErrorCode::io, fmt::format("{}: is a directory, expected a file", path.string()));
+  if (auto ok = detail::check_regular_file(path, "data file"); !ok) return tl::unexpected(ok.error());
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr) return fail(ErrorCode::io, fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
   std::vector<unsigned char> out;

@@ -13,6 +13,7 @@
 
 #include "baton/data.hpp"
 #include "detail.hpp"
+#include "io.hpp"
 
 namespace baton::data {
 namespace {
@@ -35,6 +36,7 @@ struct Table {
 
 /// Reads the header and the data rows, checking every cell.
 Expected<Table> read_table(const std::string& path, const std::string& target) {
+  if (auto ok = detail::check_regular_file(path, "CSV file"); !ok) return tl::unexpected(ok.error());
   std::ifstream in(path);
   if (!in) return fail(ErrorCode::io, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   std::string line;

@@ -2,6 +2,7 @@
 #include "io.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -117,6 +118,25 @@ Expected<void> write_file_atomic(const fs::path& path, std::string_view bytes, c
     f.commit();
     return {};
   });
+}
+
+Expected<void> check_regular_file(const std::filesystem::path& path, std::string_view what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const char* why = err == ENOENT  ? "no such file"
+                      : err == ELOOP ? "a loop of symbolic links"
+                                     : std::strerror(err);
+    return fail(ErrorCode::io, fmt::format("{}: {} (the {})", path.string(), why, what));
+  }
+  if (S_ISREG(st.st_mode)) return {};
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  return fail(ErrorCode::io, fmt::format("{}: is {}, not a regular file (the {})", path.string(), kind, what));
 }
 
 }  // namespace baton::detail

@@ -57,6 +57,11 @@ class AtomicFile {
   int written_ = 0;
 };
 
+/// An io error unless `path` is (a link to) a regular file: "no such file", "a loop of symbolic
+/// links", "is a directory", "is a FIFO" ... never a read that blocks forever. `what` names it
+/// in the message ("curriculum", "data file").
+Expected<void> check_regular_file(const std::filesystem::path& path, std::string_view what);
+
 /// The whole of `bytes` written to `path` through an AtomicFile; an io error on failure.
 Expected<void> write_file_atomic(const std::filesystem::path& path, std::string_view bytes, const std::string& label = "file");
 

@@ -7,6 +7,8 @@
 #include <thread>
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <torch/version.h>
 #include <fmt/format.h>
 
 #include "baton/runtime.hpp"
@@ -59,6 +61,10 @@ Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options) {
                             "libopenblas0) or select it with update-alternatives --config "
                             "libblas.so.3-x86_64-linux-gnu",
                             before.blas_library.empty() ? "nowhere" : before.blas_library));
+  if (options.threads < 0 || options.threads > 1024 || options.blas_threads > 1024)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("configure_runtime: threads must be 0 (the cores this process may use) to 1024, got "
+                            "{} intra-op and {} BLAS threads", options.threads, options.blas_threads));
   const int threads = options.threads > 0 ? options.threads : available_cores();
   at::set_num_threads(threads);
   using set_threads_fn = void (*)(int);
@@ -80,6 +86,20 @@ std::string RuntimeReport::to_string() const {
   return fmt::format("runtime: {} intra-op threads, BLAS {} ({}{}), malloc {}", threads,
                      openblas ? "OpenBLAS" : "NOT OpenBLAS", blas_library, blas_threads > 0 ? ", " + std::to_string(blas_threads) + " threads" : std::string(),
                      malloc_tuned ? "tuned (mmap threshold 32 MiB, no trim)" : "glibc defaults");
+}
+
+std::string numerics_environment() {
+  const RuntimeReport r = inspect_runtime();
+  // show_config has a line "  - CPU capability usage: AVX2" (the kernels dispatched to).
+  std::string cpu = "unknown";
+  const std::string config = at::show_config();
+  const std::string key = "CPU capability usage: ";
+  if (const auto at = config.find(key); at != std::string::npos)
+    cpu = config.substr(at + key.size(), config.find('\n', at) - (at + key.size()));
+  return fmt::format("libtorch={}.{}.{}; cpu={}; threads={}; blas={}; blas_threads={}", TORCH_VERSION_MAJOR,
+                     TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, cpu, r.threads,
+                     r.blas_library.empty() ? "unknown" : std::filesystem::path(r.blas_library).filename().string(),
+                     r.blas_threads);
 }
 
 }  // namespace baton

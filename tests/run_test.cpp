@@ -1,6 +1,7 @@
 // Run directories from C++ (run.hpp): the files `baton run` writes, resume after a stop or a
 // kill to the uninterrupted bits and metrics, and `baton run` as a thin layer over the same call.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <fstream>
@@ -115,6 +116,78 @@ TEST_CASE("a run directory refuses another configuration and --fresh removes onl
   CHECK(fs::exists(tmp.path / "stage-notes.txt"));
   CHECK(fs::exists(tmp.path / "checkpoints" / "my-ckpt.baton"));
   CHECK(fs::exists(tmp.path / "final.baton"));
+}
+
+TEST_CASE("a resume where the threads differ is refused naming them, or accepted and recorded as not bit-exact",
+          "[run][resume][runtime]") {
+  test::TempDir tmp;
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto at = std::make_shared<std::int64_t>(5);
+  const auto specs = stages(stop_at(flag, at));
+  baton::RunOptions options{.dir = tmp.path, .progress = false, .stop = flag};
+  const int threads = at::get_num_threads();
+  struct Restore {
+    int n;
+    ~Restore() { at::set_num_threads(n); }
+  } restore{threads};
+  REQUIRE(baton::run(options, specs, test::new_state(1, Time::epochs(4)))->interrupted);
+  const auto written = baton::read_checkpoint_info(tmp.path / "checkpoints" / "ckpt-0000000005.baton");
+  REQUIRE(written);
+  CHECK_THAT(written->meta.extra.at("numerics"), Catch::Contains(fmt::format("threads={}", threads)));
+  flag->store(false), *at = -1;
+
+  at::set_num_threads(threads + 1);
+  const auto refused = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == baton::ErrorCode::invalid_spec);
+  CHECK_THAT(refused.error().to_string(), Catch::Contains(fmt::format("threads {} -> {}", threads, threads + 1)) &&
+                                              Catch::Contains("--accept-runtime-change"));
+
+  options.accept_runtime_change = true;
+  const auto accepted = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE(accepted);
+  CHECK(accepted->resumed_from);
+  CHECK_THAT(accepted->not_bit_exact, Catch::Contains(fmt::format("threads {} -> {}", threads, threads + 1)));
+  CHECK_THAT(accepted->summary(), Catch::Contains("not bit-exact"));
+  const auto final_info = baton::read_checkpoint_info(tmp.path / "final.baton");
+  REQUIRE(final_info);
+  CHECK_THAT(final_info->meta.extra.at("not_bit_exact"), Catch::Contains("threads"));
+
+  // The same threads as the checkpoint: resumes without a word (nothing left to train here).
+  at::set_num_threads(threads + 1);
+  options.accept_runtime_change = false;
+  const auto again = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE(again);
+  CHECK_THAT(again->not_bit_exact, Catch::Contains("threads"));  // the record is kept
+}
+
+TEST_CASE("a FIFO, a device or a symlink loop where a file is expected: a clear error, never a read that blocks",
+          "[run][bad_inputs][files]") {
+  test::TempDir tmp;
+  const auto fifo = tmp.path / "pipe";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  fs::create_symlink(tmp.path / "loop-b", tmp.path / "loop-a");
+  fs::create_symlink(tmp.path / "loop-a", tmp.path / "loop-b");
+  auto message = [](const auto& r) { return r ? std::string("(no error)") : r.error().to_string(); };
+  CHECK_THAT(message(baton::load_curriculum(fifo)), Catch::Contains("is a FIFO (named pipe), not a regular file (the curriculum)"));
+  CHECK_THAT(message(baton::load_curriculum("/dev/zero")), Catch::Contains("is a character device"));
+  CHECK_THAT(message(baton::load_curriculum(tmp.path / "loop-a")), Catch::Contains("a loop of symbolic links"));
+  CHECK_THAT(message(baton::data::read_idx(fifo)), Catch::Contains("is a FIFO"));
+  CHECK_THAT(message(baton::data::csv({.path = fifo, .target = ""})), Catch::Contains("is a FIFO"));
+  CHECK_THAT(message(baton::read_checkpoint_info(fifo)), Catch::Contains("not a regular file"));
+
+  // A FIFO as the newest checkpoint of a run directory is skipped like a corrupt one.
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto at = std::make_shared<std::int64_t>(5);
+  const auto specs = stages(stop_at(flag, at));
+  const baton::RunOptions options{.dir = tmp.path / "run", .progress = false, .stop = flag};
+  REQUIRE(baton::run(options, specs, test::new_state(1, Time::epochs(4)))->interrupted);
+  REQUIRE(::mkfifo((options.dir / "checkpoints" / "ckpt-0000000009.baton").c_str(), 0600) == 0);
+  flag->store(false), *at = -1;
+  const auto resumed = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE(resumed);
+  REQUIRE(resumed->resumed_from);
+  CHECK(resumed->resumed_from->filename() == "ckpt-0000000005.baton");
 }
 
 TEST_CASE("the same curriculum via baton run and via baton::run: the same params_sha256 and metrics lines", "[run][cli]") {

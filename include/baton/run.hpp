@@ -54,6 +54,11 @@ struct RunOptions {
   bool tensorboard = false;                ///< also write TensorBoard event files to dir/tensorboard
   bool report = true;                      ///< write dir/report.html at the end
   bool fresh = false;                      ///< start over: remove the files a run writes (only those)
+  /// Resume even where the machine's numerics differ from the checkpoint's (threads, LibTorch,
+  /// CPU kernels, BLAS: numerics_environment() in runtime.hpp). Without it such a resume is an
+  /// error naming the difference; with it the run goes on and records that its bits are no longer
+  /// those of an uninterrupted run (RunResult::not_bit_exact, and in every later checkpoint).
+  bool accept_runtime_change = false;
   bool handle_signals = true;              ///< Ctrl-C/SIGTERM: finish the batch, checkpoint, return interrupted
   bool progress = true;                    ///< a progress bar (a terminal) or lines (a pipe) on stdout
   std::shared_ptr<const std::atomic<bool>> stop{};  ///< set it to stop as a signal would
@@ -78,6 +83,9 @@ struct RunResult {
   bool interrupted = false;                 ///< stopped by a signal or `stop`: run again to resume
   std::filesystem::path checkpoint{};       ///< the newest checkpoint written (the interrupt's, when interrupted)
   std::optional<std::filesystem::path> resumed_from{};
+  /// Empty while the run's bits are those of an uninterrupted run; else why not (a resume with
+  /// another runtime, accepted with RunOptions::accept_runtime_change). Kept across resumes.
+  std::string not_bit_exact{};
   std::vector<StageSummary> stages{};       ///< the stages this call trained (resumed ones included)
   Metrics final_metrics{};                  ///< the last evaluation of the run
   /// The summary table: per stage, epochs, batches, loss, a loss sparkline, time and metrics.

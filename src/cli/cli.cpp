@@ -51,6 +51,7 @@ struct RunArgs {
   std::vector<std::string> sets;
   std::string run_dir;
   bool fresh = false;
+  bool accept_runtime_change = false;
   int nproc = 0;  // > 0: start this many ranks here (baton launch) instead of training
 };
 
@@ -103,6 +104,7 @@ int run(const RunArgs& a, const Registry& registry) {
   RunOptions options = cur->run_options();
   if (!a.run_dir.empty()) options.dir = a.run_dir;
   options.fresh = a.fresh;
+  options.accept_runtime_change = a.accept_runtime_change;
   auto group = join_launcher(options.dir);
   if (!group) return report(group.error());
   options.distributed = *group;
@@ -182,6 +184,7 @@ int run_ranks(const RunArgs& a) {
   for (const auto& s : a.sets) lo.command.insert(lo.command.end(), {"--set", s});
   if (!a.run_dir.empty()) lo.command.insert(lo.command.end(), {"--run-dir", a.run_dir});
   if (a.fresh) lo.command.emplace_back("--fresh");
+  if (a.accept_runtime_change) lo.command.emplace_back("--accept-runtime-change");
   return launch(lo);
 }
 
@@ -208,6 +211,9 @@ int main(int argc, char** argv, const Registry& registry) {
   run_cmd->add_option("--set", run_args.sets, "Override a value: path=value, e.g. stage.main.optimizer.lr=1e-3");
   run_cmd->add_option("--run-dir", run_args.run_dir, "Run directory (default: run.run_dir)");
   run_cmd->add_flag("--fresh", run_args.fresh, "Start over: remove the run directory's checkpoints and metrics");
+  run_cmd->add_flag("--accept-runtime-change", run_args.accept_runtime_change,
+                    "Resume even where threads, LibTorch, CPU kernels or BLAS differ from the checkpoint's (the run "
+                    "is then marked not bit-exact)");
   run_cmd->add_option("--nproc", run_args.nproc, "Train data-parallel with this many local processes (see baton launch)")
       ->check(CLI::Range(1, 1024));
 

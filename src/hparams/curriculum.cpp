@@ -163,6 +163,9 @@ Expected<void> Curriculum::validate() const {
 
 // ---------------------------------------------------------------- parse_curriculum
 namespace {
+/// More intra-op threads than this is a typo (100000 threads hang OpenMP at start).
+constexpr std::int64_t kMaxThreads = 1024;
+
 const std::vector<std::string> kRunKeys = {"name", "seed", "device", "max_duration", "run_dir", "threads",
                                            "checkpoint_every", "keep_checkpoints", "tensorboard"};
 
@@ -179,7 +182,12 @@ void read_run(const toml::table& root, const std::string& source, RunConfig& rc,
   rc.name = r.string(run->get("name"), "name").value_or(std::filesystem::path(source).stem().string());
   if (auto v = r.integer(run->get("seed"), "seed", 0)) rc.seed = static_cast<std::uint64_t>(*v);
   if (auto v = r.one_of<c10::DeviceType>(run->get("device"), "device", {{"cpu", c10::kCPU}, {"cuda", c10::kCUDA}})) rc.device = c10::Device(*v);
-  if (auto v = r.integer(run->get("threads"), "threads", 0)) rc.threads = static_cast<int>(*v);
+  if (auto v = r.integer(run->get("threads"), "threads", 0)) {
+    if (*v > kMaxThreads)
+      p.add(run->get("threads"), fmt::format("run.threads: {} is more than {}; give the cores to use (0: all this process may use)", *v, kMaxThreads));
+    else
+      rc.threads = static_cast<int>(*v);
+  }
   if (const auto* n = run->get("max_duration")) {
     if (auto t = r.time(n, "max_duration")) {
       if (t->unit == TimeUnit::duration || t->value <= 0) p.add(n, "run.max_duration: must be more than zero, in ep, ba or sp");
@@ -299,8 +307,9 @@ Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
   std::ostringstream ss;
   ss << "# The resolved curriculum: overrides applied, every stage with what it inherited.\n" << head << "\n";
   impl.resolved = ss.str();
-  // The fingerprint leaves out what does not change training (where to write, how many threads),
-  // and is the same for a file and its resolved form.
+  // The fingerprint leaves out what does not change training (where to write), and threads: what
+  // the machine changes is checked on resume by numerics_environment (run.hpp). It is the same for
+  // a file and its resolved form.
   if (auto* run = head["run"].as_table())
     for (const char* k : {"run_dir", "threads", "checkpoint_every", "keep_checkpoints", "tensorboard"}) run->erase(k);
   std::ostringstream fps;
@@ -356,6 +365,7 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
 
 Expected<Curriculum> load_curriculum(const std::filesystem::path& file, const std::vector<std::string>& overrides,
                                      const Registry& registry) {
+  if (auto ok = detail::check_regular_file(file, "curriculum"); !ok) return tl::unexpected(ok.error());
   std::ifstream in(file);
   if (!in) return fail(ErrorCode::io, fmt::format("{}: cannot open: {}", file.string(), std::strerror(errno)));
   std::stringstream ss;

@@ -20,12 +20,25 @@ struct Resume {
   std::int64_t stage_index = 0;  ///< the stage it was written in
   bool stage_done = false;       ///< written at that stage's end
   std::filesystem::path from;
+  std::string not_bit_exact{};  ///< the checkpoint's record, plus a runtime change accepted now
+};
+
+/// What a checkpoint must match to be resumed from.
+struct ResumeCheck {
+  std::string fingerprint;  ///< the configuration's
+  std::string config;       ///< its text, for the diff when it changed
+  std::string numerics;     ///< numerics_environment() (+ "; ranks=N") of this process
+  bool accept_runtime_change = false;
 };
 
 /// The newest valid checkpoint of `dir`/checkpoints, skipping (and saying so on stderr) bad ones.
-/// A checkpoint of another fingerprint is an error that shows the configuration's changes.
-Expected<std::optional<Resume>> find_resume(const std::filesystem::path& dir, const std::string& fingerprint,
-                                            const std::string& config, const ModelFactory& factory);
+/// A checkpoint of another fingerprint is an error that shows the configuration's changes; one
+/// written with other numerics, an error naming them unless `accept_runtime_change`.
+Expected<std::optional<Resume>> find_resume(const std::filesystem::path& dir, const ResumeCheck& check,
+                                            const ModelFactory& factory);
+
+/// The "key=value; ..." pairs that differ between two numerics records, as "threads 4 -> 2, ...".
+std::string numerics_changes(const std::string& before, const std::string& now);
 
 /// Temporary files of checkpoint writes that a killed run left in `dir`/checkpoints
 /// (`.<name>.tmp-<pid>`): never valid checkpoints, removed (saying so) so they do not pile up.

@@ -1,6 +1,7 @@
 // Resuming a run directory and starting it over (internal.hpp).
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -31,8 +32,33 @@ std::string config_diff(const std::string& before, const std::string& after) {
 }
 }  // namespace
 
-Expected<std::optional<Resume>> find_resume(const fs::path& dir, const std::string& fingerprint, const std::string& config,
-                                            const ModelFactory& factory) {
+std::string numerics_changes(const std::string& before, const std::string& now) {
+  auto pairs = [](const std::string& text) {
+    std::map<std::string, std::string> out;
+    std::istringstream in(text);
+    for (std::string item; std::getline(in, item, ';');) {
+      const auto b = item.find_first_not_of(' ');
+      const auto eq = item.find('=');
+      if (b == std::string::npos || eq == std::string::npos) continue;
+      out[item.substr(b, eq - b)] = item.substr(eq + 1);
+    }
+    return out;
+  };
+  const auto a = pairs(before), b = pairs(now);
+  std::string out;
+  for (const auto& [key, value] : b) {
+    const auto it = a.find(key);
+    const std::string old = it == a.end() ? "(none)" : it->second;
+    if (old != value) out += fmt::format("{}{} {} -> {}", out.empty() ? "" : ", ", key, old, value);
+  }
+  for (const auto& [key, value] : a)
+    if (!b.count(key)) out += fmt::format("{}{} {} -> (none)", out.empty() ? "" : ", ", key, value);
+  return out;
+}
+
+Expected<std::optional<Resume>> find_resume(const fs::path& dir, const ResumeCheck& check, const ModelFactory& factory) {
+  const std::string& fingerprint = check.fingerprint;
+  const std::string& config = check.config;
   for (const auto& path : list_checkpoints(dir / "checkpoints")) {
     auto info = read_checkpoint_info(path);
     if (!info) {
@@ -49,6 +75,23 @@ Expected<std::optional<Resume>> find_resume(const fs::path& dir, const std::stri
                               dir.string(), path.filename().string(), info->meta.config_fingerprint.substr(0, 12),
                               fingerprint.substr(0, 12), config_diff(before, config)));
     }
+    std::string not_bit_exact;
+    if (const auto nb = info->meta.extra.find("not_bit_exact"); nb != info->meta.extra.end()) not_bit_exact = nb->second;
+    // Checkpoints from before the record existed (no "numerics") resume as they always did.
+    if (const auto num = info->meta.extra.find("numerics"); num != info->meta.extra.end()) {
+      if (const auto changes = numerics_changes(num->second, check.numerics); !changes.empty()) {
+        if (!check.accept_runtime_change)
+          return fail(ErrorCode::invalid_spec,
+                      fmt::format("{} was written where the numerics differ from this process's ({}): resuming here "
+                                  "would not give the bits of an uninterrupted run. Resume with the same settings "
+                                  "(threads: [run] threads or --set run.threads=N), or accept the change with "
+                                  "--accept-runtime-change (RunOptions::accept_runtime_change); the run then "
+                                  "records that it is no longer bit-exact",
+                                  path.string(), changes));
+        not_bit_exact += fmt::format("{}resumed from {} with {}", not_bit_exact.empty() ? "" : "; ",
+                                     path.filename().string(), changes);
+      }
+    }
     auto state = load_checkpoint(path, factory);
     if (!state) {
       fmt::print(stderr, "baton: skipping checkpoint {}: {}\n", path.string(), state.error().message);
@@ -56,7 +99,8 @@ Expected<std::optional<Resume>> find_resume(const fs::path& dir, const std::stri
     }
     const auto done = info->meta.extra.find("stage_done");
     return std::optional<Resume>(
-        Resume{std::move(*state), info->meta.stage_index, done != info->meta.extra.end() && done->second == "1", path});
+        Resume{std::move(*state), info->meta.stage_index, done != info->meta.extra.end() && done->second == "1", path,
+               std::move(not_bit_exact)});
   }
   return std::optional<Resume>{};
 }

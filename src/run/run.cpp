@@ -12,6 +12,7 @@
 #include "baton/fit.hpp"
 #include "baton/report.hpp"
 #include "baton/run.hpp"
+#include "baton/runtime.hpp"
 #include "detail.hpp"
 #include "io.hpp"
 #include "run/internal.hpp"
@@ -68,8 +69,10 @@ class Runner {
       result_.resumed_from = r.from;
       resumed_mid_stage_ = !r.stage_done;
       resume_index_ = r.stage_index;
+      result_.not_bit_exact = r.not_bit_exact;
       say(fmt::format("resuming from {}: stage {}, epoch {}, batch {}", r.from.string(), result_.state.stage,
                       result_.state.time.epoch, result_.state.time.batch));
+      if (!r.not_bit_exact.empty()) say(fmt::format("not bit-exact: {}", r.not_bit_exact));
     }
     for (std::size_t i = first; i < stages_.size(); ++i) {
       if (auto ok = train_stage(i); !ok) return tl::unexpected(ok.error());
@@ -84,6 +87,7 @@ class Runner {
     lead_ = !o_.distributed || o_.distributed->rank() == 0;
     config_ = o_.config.empty() ? describe(stages_) : o_.config;
     fingerprint_ = o_.fingerprint.empty() ? detail::sha256_hex(config_) : o_.fingerprint;
+    numerics_ = fmt::format("{}; ranks={}", numerics_environment(), o_.distributed ? o_.distributed->world_size() : 1);
     if (!lead_) return {};  // rank 0 writes the directory; the others read its checkpoints
     std::error_code ec;
     fs::create_directories(o_.dir / "checkpoints", ec);
@@ -102,7 +106,7 @@ class Runner {
 
   Expected<std::optional<detail::Resume>> find_resume_here(const ModelFactory& factory) {
     if (o_.fresh && !lead_) return std::optional<detail::Resume>{};
-    auto resume = detail::find_resume(o_.dir, fingerprint_, config_, factory);
+    auto resume = detail::find_resume(o_.dir, {fingerprint_, config_, numerics_, o_.accept_runtime_change}, factory);
     if (!resume || !lead_) return resume;
     // The files read as one uninterrupted run: lines after the checkpoint are dropped (they are
     // logged again), and the configuration is written (checked) after the fingerprint passed.
@@ -146,6 +150,13 @@ class Runner {
   CheckpointMeta meta(std::size_t index, bool stage_done) const {
     CheckpointMeta m{.run_name = o_.name, .config_fingerprint = fingerprint_, .stage_index = static_cast<std::int64_t>(index)};
     m.extra.insert_or_assign("stage_done", std::string(stage_done ? "1" : "0"));
+    return with_numerics(std::move(m));
+  }
+
+  /// What the bits depend on, recorded for the next resume to compare.
+  CheckpointMeta with_numerics(CheckpointMeta m) const {
+    m.extra.insert_or_assign("numerics", numerics_);
+    if (!result_.not_bit_exact.empty()) m.extra.insert_or_assign("not_bit_exact", result_.not_bit_exact);
     return m;
   }
 
@@ -214,7 +225,7 @@ class Runner {
     if (!lead_) return {};
     CheckpointMeta m{.run_name = o_.name, .config_fingerprint = fingerprint_,
                      .stage_index = static_cast<std::int64_t>(stages_.size())};
-    if (auto ok = save_checkpoint(result_.state, o_.dir / "final.baton", m); !ok) return tl::unexpected(ok.error());
+    if (auto ok = save_checkpoint(result_.state, o_.dir / "final.baton", with_numerics(std::move(m))); !ok) return tl::unexpected(ok.error());
     if (!o_.report) return {};
     // Training succeeded: a report that cannot be written is said loudly, not a failure.
     if (auto page = report::write({o_.dir}, o_.dir / "report.html"))
@@ -232,7 +243,7 @@ class Runner {
   const std::vector<TrainingSpec>& stages_;
   bool lead_ = true, resumed_mid_stage_ = false;
   std::int64_t resume_index_ = -1;
-  std::string config_, fingerprint_;
+  std::string config_, fingerprint_, numerics_;
   std::optional<detail::RunLock> lock_;
   std::shared_ptr<Progress> progress_;
   std::shared_ptr<detail::MetricsWriter> metrics_;

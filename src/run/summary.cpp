@@ -27,6 +27,7 @@ std::string RunResult::summary() const {
                        r.end.batch - r.start.batch, r.loss, spark, std::string(bars < 15 ? 15 - bars : 0, ' '),
                        duration_text(r.seconds), metrics_text(r.metrics));
   }
+  if (!not_bit_exact.empty()) out += fmt::format("not bit-exact: {}\n", not_bit_exact);
   return out;
 }
 
