@@ -370,6 +370,23 @@ TEST_CASE("a missing, truncated, corrupt, newer or foreign checkpoint is a clear
     both(with_header([](auto& h) { h["tensors"][0]["group"] = "weights"; }), ErrorCode::data, "unknown tensor group");
     both(with_header([](auto& h) { h.erase("history"); }), ErrorCode::data, "malformed header");
     both(with_header([](auto& h) { h["seed"] = "seven"; }), ErrorCode::data, "malformed header");
+    // Fields that parse but cannot be a point of a run (a valid checksum over nonsense).
+    both(with_header([](auto& h) { h["time"]["sample_in_epoch"] = 1000000000; }), ErrorCode::data,
+         "time is not a position a run can reach");
+    both(with_header([](auto& h) { h["time"]["batch"] = -100; }), ErrorCode::data, "time has a negative counter");
+    both(with_header([](auto& h) { h["time"]["epoch"] = std::int64_t{1} << 62; }), ErrorCode::data,
+         "time is not a position a run can reach");
+    both(with_header([](auto& h) { h["max_duration"] = "0ep"; }), ErrorCode::data,
+         "max_duration \"0ep\" is not a positive count");
+    both(with_header([](auto& h) { h["max_duration"] = "0.5dur"; }), ErrorCode::data, "is not a positive count");
+    both(with_header([](auto& h) { h["meta"]["stage_index"] = -7; }), ErrorCode::data, "meta.stage_index -7 is below -1");
+    both(with_header([](auto& h) {
+           h["stage_start"] = h["time"];
+           h["stage_start"]["batch"] = h["time"]["batch"].template get<std::int64_t>() + 1;
+           h["stage_start"]["sample"] = h["time"]["sample"].template get<std::int64_t>() + 32;
+         }),
+         ErrorCode::data, "after the state's time");
+    both(with_header([](auto& h) { h["optimizer"]["params"][0]["step"] = -3; }), ErrorCode::data, "is negative");
     auto parts = split(bytes);
     parts.header = "{\"meta\": [";
     both(frame(parts), ErrorCode::data, "not a JSON object");

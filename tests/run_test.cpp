@@ -183,6 +183,16 @@ TEST_CASE("a FIFO, a device or a symlink loop where a file is expected: a clear 
   const baton::RunOptions options{.dir = tmp.path / "run", .progress = false, .stop = flag};
   REQUIRE(baton::run(options, specs, test::new_state(1, Time::epochs(4)))->interrupted);
   REQUIRE(::mkfifo((options.dir / "checkpoints" / "ckpt-0000000009.baton").c_str(), 0600) == 0);
+  // Newer still: whole checkpoints of this configuration that cannot be a point of this run.
+  const auto five = baton::read_checkpoint_info(options.dir / "checkpoints" / "ckpt-0000000005.baton");
+  REQUIRE(five);
+  auto state = baton::load_checkpoint(options.dir / "checkpoints" / "ckpt-0000000005.baton", test::bn_dropout_mlp());
+  REQUIRE(state);
+  auto meta = five->meta;
+  meta.stage_index = 99;
+  REQUIRE(baton::save_checkpoint(*state, options.dir / "checkpoints" / "ckpt-0000000010.baton", meta));
+  meta.stage_index = 1;  // stage "b", but the state is in stage "a"
+  REQUIRE(baton::save_checkpoint(*state, options.dir / "checkpoints" / "ckpt-0000000011.baton", meta));
   flag->store(false), *at = -1;
   const auto resumed = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
   REQUIRE(resumed);

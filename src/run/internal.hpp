@@ -29,6 +29,7 @@ struct ResumeCheck {
   std::string config;       ///< its text, for the diff when it changed
   std::string numerics;     ///< numerics_environment() (+ "; ranks=N") of this process
   bool accept_runtime_change = false;
+  const std::vector<TrainingSpec>* stages = nullptr;  ///< the run's, for the checkpoint's place in them
 };
 
 /// The newest valid checkpoint of `dir`/checkpoints, skipping (and saying so on stderr) bad ones.

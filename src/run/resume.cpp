@@ -56,6 +56,22 @@ std::string numerics_changes(const std::string& before, const std::string& now) 
   return out;
 }
 
+/// Why a checkpoint that reads back whole cannot be a point of this run: its stage index, stage
+/// name or position in the stage's data do not fit. Empty when it fits.
+std::string misplaced(const CheckpointInfo& info, const std::vector<TrainingSpec>& stages) {
+  const auto index = info.meta.stage_index;
+  if (index < 0 || static_cast<std::size_t>(index) >= stages.size())
+    return fmt::format("it was written in stage {} (counting from 0), but the run has {} stages", index, stages.size());
+  const TrainingSpec& spec = stages[static_cast<std::size_t>(index)];
+  if (!info.stage.empty() && info.stage != spec.name)
+    return fmt::format("it was written in stage \"{}\", but stage {} of the run is \"{}\"", info.stage, index, spec.name);
+  const auto n = spec.data.train.size();
+  if (n > 0 && info.time.sample_in_epoch > n)
+    return fmt::format("it is {} samples into an epoch of stage \"{}\", whose data has {}", info.time.sample_in_epoch,
+                       spec.name, n);
+  return {};
+}
+
 Expected<std::optional<Resume>> find_resume(const fs::path& dir, const ResumeCheck& check, const ModelFactory& factory) {
   const std::string& fingerprint = check.fingerprint;
   const std::string& config = check.config;
@@ -75,6 +91,11 @@ Expected<std::optional<Resume>> find_resume(const fs::path& dir, const ResumeChe
                               dir.string(), path.filename().string(), info->meta.config_fingerprint.substr(0, 12),
                               fingerprint.substr(0, 12), config_diff(before, config)));
     }
+    if (check.stages)
+      if (const auto why = misplaced(*info, *check.stages); !why.empty()) {
+        fmt::print(stderr, "baton: skipping checkpoint {}: {}\n", path.string(), why);
+        continue;
+      }
     std::string not_bit_exact;
     if (const auto nb = info->meta.extra.find("not_bit_exact"); nb != info->meta.extra.end()) not_bit_exact = nb->second;
     // Checkpoints from before the record existed (no "numerics") resume as they always did.

@@ -106,7 +106,7 @@ class Runner {
 
   Expected<std::optional<detail::Resume>> find_resume_here(const ModelFactory& factory) {
     if (o_.fresh && !lead_) return std::optional<detail::Resume>{};
-    auto resume = detail::find_resume(o_.dir, {fingerprint_, config_, numerics_, o_.accept_runtime_change}, factory);
+    auto resume = detail::find_resume(o_.dir, {fingerprint_, config_, numerics_, o_.accept_runtime_change, &stages_}, factory);
     if (!resume || !lead_) return resume;
     // The files read as one uninterrupted run: lines after the checkpoint are dropped (they are
     // logged again), and the configuration is written (checked) after the fingerprint passed.
