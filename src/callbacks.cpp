@@ -2,6 +2,7 @@
 #include "baton/callbacks.hpp"
 #include "run/metrics.hpp"
 
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -176,17 +177,24 @@ Callback early_stopping(EarlyStoppingOptions o) {
               return fmt::format("metric \"{}\" is not among the evaluated ones ({}); stopping rather than "
                                  "training blind", o.metric, known_metrics(*v.metrics));
             auto& mem = *v.memory;
+            // Per stage: the memory of another stage (told by where it started) is dropped.
+            const auto stage_start = static_cast<double>(v.state.stage_start.batch);
+            if (o.scope == Scope::stage && (!mem.count("stage_start") || mem["stage_start"] != stage_start))
+              mem = {{"stage_start", stage_start}};
             const bool first = !mem.count("best");
             const double best = first ? 0.0 : mem["best"];
             const bool better = first || (o.mode == Mode::min ? *value < best - o.min_delta : *value > best + o.min_delta);
             if (better) {
-              mem["best"] = *value, mem["bad"] = 0;
+              mem["best"] = *value, mem["bad"] = 0, mem["best_batch"] = static_cast<double>(v.state.time.batch);
               return std::nullopt;
             }
             mem["bad"] += 1;
             if (mem["bad"] >= static_cast<double>(o.patience))
-              return fmt::format("{} did not improve on {} by more than {} for {} evaluations (last {})", o.metric, best,
-                                 o.min_delta, o.patience, *value);
+              return fmt::format("{} did not improve on {} (the evaluation at batch {}{}) by more than {} for {} "
+                                 "evaluations (last {})",
+                                 o.metric, best, static_cast<std::int64_t>(mem["best_batch"]),
+                                 o.scope == Scope::stage ? ", this stage's best" : ", the run's best", o.min_delta,
+                                 o.patience, *value);
             return std::nullopt;
           }};
 }
@@ -296,7 +304,7 @@ Expected<std::shared_ptr<Logger>> csv(const fs::path& path) {
   return detail::MetricsWriter::open(std::nullopt, path).map([](auto w) { return std::shared_ptr<Logger>(std::move(w)); });
 }
 
-Expected<std::shared_ptr<Logger>> tensorboard(const fs::path& dir) {
+Expected<std::shared_ptr<Logger>> tensorboard(const fs::path& dir, std::optional<std::int64_t> restart_at) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return fail(ErrorCode::io, fmt::format("{}: cannot create the TensorBoard directory: {}", dir.string(), ec.message()));
@@ -308,6 +316,13 @@ Expected<std::shared_ptr<Logger>> tensorboard(const fs::path& dir) {
   l->out_.open(file, std::ios::binary | std::ios::trunc);
   if (!l->out_) return fail(ErrorCode::io, fmt::format("{}: cannot open for writing: {}", file.string(), std::strerror(errno)));
   l->record(event(TensorBoardLogger::now(), 0, "brain.Event:2", {}));
+  if (restart_at) {
+    // Event{wall_time, step, session_log = 6: SessionLog{status = 1: START}}: TensorBoard purges
+    // the events of this run's other files with a step at or after this one.
+    std::string e = event(TensorBoardLogger::now(), *restart_at, {}, {});
+    bytes_field(e, 6, std::string{"\x08\x01", 2});
+    l->record(e);
+  }
   l->out_.flush();
   return l;
 }
@@ -327,17 +342,33 @@ std::string duration_text(double seconds) {
 }
 
 Progress::Progress(std::FILE* out) : Progress(out, ::isatty(::fileno(out)) == 1) {}
+
+int Progress::terminal_columns() const {
+  winsize ws{};
+  if (::ioctl(::fileno(out_), TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 10) return ws.ws_col;
+  return 80;  // not a terminal, or one that does not say
+}
 Progress::Progress(std::FILE* out, bool bar) : out_(out), bar_(bar) {}
 
 void Progress::update(const std::string& stage, const Timestamp& t, std::int64_t done, std::int64_t total,
                       double samples_per_s, double loss, double eta_s) {
   const double frac = total > 0 ? std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0) : 1.0;
   if (bar_) {
-    constexpr int width = 24;
-    const int fill = static_cast<int>(frac * width);
-    fmt::print(out_, "\r\033[K[{}] epoch {} [{}{}] {:3.0f}% {:6.0f} sp/s loss {:.4f} ETA {}", stage, t.epoch,
-               std::string(static_cast<std::size_t>(fill), '#'), std::string(static_cast<std::size_t>(width - fill), '.'),
-               frac * 100, samples_per_s, loss, duration_text(eta_s));
+    // One line that never reaches the terminal's last column (a wrapped line is never redrawn):
+    // the bar shrinks to fit, then goes, then the text is cut.
+    const std::string left = fmt::format("[{}] epoch {} ", stage, t.epoch);
+    const std::string right = fmt::format(" {:3.0f}% {:6.0f} sp/s loss {:.4f} ETA {}", frac * 100, samples_per_s, loss,
+                                          duration_text(eta_s));
+    const int room = terminal_columns() - 1;
+    const int width = std::min(24, room - static_cast<int>(left.size() + right.size()) - 2);
+    std::string text = left;
+    if (width >= 5) {
+      const int fill = static_cast<int>(frac * width);
+      text += "[" + std::string(static_cast<std::size_t>(fill), '#') + std::string(static_cast<std::size_t>(width - fill), '.') + "]";
+    }
+    text += right;
+    if (static_cast<int>(text.size()) > room) text.resize(static_cast<std::size_t>(std::max(room, 0)));
+    fmt::print(out_, "\r\033[K{}", text);
     std::fflush(out_);
   } else if (const int tenth = static_cast<int>(std::floor(frac * 10 + 1e-9)); tenth >= next_tenth_ || done == total) {
     fmt::print(out_, "[{}] epoch {} batch {} ({:.0f}%): {:.0f} samples/s, loss {:.4f}, ETA {}\n", stage, t.epoch, t.batch,

@@ -53,6 +53,9 @@ Expected<Callback> from_name(const std::string& name, const Params& params) {
     o.patience = patience >= 1 && patience <= 9.0e15 ? static_cast<std::int64_t>(patience) : 1;
     o.min_delta = r.number("min_delta", 0);
     if (o.min_delta < 0) r.problem(fmt::format("callbacks.early_stopping.min_delta: must be >= 0, got {}", o.min_delta));
+    const std::string scope = text("scope", "stage");
+    if (scope == "run") o.scope = Scope::run;
+    else if (scope != "stage") r.problem(fmt::format("callbacks.early_stopping.scope: \"{}\" is not one of stage, run", scope));
     out = early_stopping(o);
   } else if (name == "threshold_stop") {
     ThresholdOptions o;

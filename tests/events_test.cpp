@@ -1,4 +1,8 @@
 // Event points, algorithms, callbacks, loggers, in-fit evaluation and checkpoints.
+#include <pty.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -338,6 +342,36 @@ TEST_CASE("an algorithm of stage 2 applies to stage 2's data only", "[algorithms
   test::require_same_bits(state, again);
 }
 
+TEST_CASE("early stopping judges a stage by its own evaluations unless scope = run -- the reason names the best's batch",
+          "[callbacks]") {
+  const auto spec = test::spec(test::blobs(32), baton::Time::batches(1));
+  const auto warmup = test::new_state();  // a stage that started at batch 0, evaluated at 0
+  auto finetune = warmup;                 // the next stage: started at 10, evaluated at 12, 14, 16
+  finetune.stage_start.batch = 10;
+  auto feed = [&](baton::Callback c) {
+    std::map<std::string, double> memory;
+    std::vector<std::pair<const baton::TrainState*, double>> evals = {{&warmup, 0.1}};
+    for (int k = 0; k < 3; ++k) evals.emplace_back(&finetune, 0.5 + 0.1 * k);
+    for (std::size_t i = 0; i < evals.size(); ++i) {
+      auto state = *evals[i].first;
+      if (i > 0) state.time.batch = 10 + 2 * static_cast<std::int64_t>(i);
+      const baton::Metrics m{{"val", {{"loss", evals[i].second}}}};
+      baton::Scalars log;
+      const baton::EventView v{Event::eval_end, spec, state, nullptr, &m, nullptr, &log, &memory};
+      if (auto reason = c.on_event(v)) return std::pair<std::size_t, std::string>{i, *reason};
+    }
+    return std::pair<std::size_t, std::string>{evals.size(), ""};
+  };
+  // Per stage: fine-tune's first evaluation (0.5 at batch 12) is its best; two worse ones stop it.
+  const auto [stage_at, stage_why] = feed(cb::early_stopping({.metric = "val/loss", .patience = 2}));
+  CHECK(stage_at == 3);
+  CHECK_THAT(stage_why, Catch::Contains("did not improve on 0.5 (the evaluation at batch 12, this stage's best)"));
+  // Run-wide: warm-up's 0.1 stays the best; fine-tune's first two evaluations stop it.
+  const auto [run_at, run_why] = feed(cb::early_stopping({.metric = "val/loss", .patience = 2, .scope = cb::Scope::run}));
+  CHECK(run_at == 2);
+  CHECK_THAT(run_why, Catch::Contains("did not improve on 0.1 (the evaluation at batch 0, the run's best)"));
+}
+
 TEST_CASE("early stopping stops at the right evaluation of a scripted sequence", "[callbacks]") {
   const auto data = test::blobs(32);
   const auto spec = test::spec(data, baton::Time::batches(1));
@@ -447,6 +481,8 @@ TEST_CASE("checkpoints from the spec: intervals, stage end, interruption -- resu
     REQUIRE(fs::exists(d3.path / "ckpt-0000000005.baton"));
     auto resumed = test::ok(baton::load_checkpoint(d3.path / "ckpt-0000000005.baton", test::bn_dropout_mlp()));
     resumed = test::ok(baton::fit(spec.with_checkpoints({}), std::move(resumed)));
+    // The stopped fit had one more callback, whose (empty) entry the checkpoint keeps.
+    REQUIRE(resumed.callback_state.erase("trip") == 1);
     test::require_same_bits(whole, resumed);
   }
 }
@@ -657,6 +693,44 @@ TEST_CASE("the progress display and the console logger share one output", "[logg
   CHECK(baton::duration_text(3725) == "1:02:05");
 }
 
+TEST_CASE("the progress bar fits the terminal's width in a pseudo-terminal: 80 and 40 columns, no wrapped line",
+          "[loggers][callbacks][pty]") {
+  for (const unsigned short cols : {80, 40}) {
+    INFO(cols << " columns");
+    int master = -1, slave = -1;
+    winsize ws{};
+    ws.ws_col = cols, ws.ws_row = 24;
+    REQUIRE(::openpty(&master, &slave, nullptr, nullptr, &ws) == 0);
+    std::FILE* tty = ::fdopen(slave, "w");
+    REQUIRE(tty != nullptr);
+    {
+      baton::Progress display(tty);  // a terminal: the bar
+      baton::Timestamp t;
+      t.epoch = 12;
+      for (int done = 0; done <= 10; ++done)
+        display.update("pretrain", t, done, 10, 123456.7, 0.123456, 3725);
+      display.finish_stage();
+    }
+    std::fclose(tty);
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(master, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    ::close(master);
+    // Every redraw: "\r\033[K" then the line; its printable part stays below the last column.
+    std::size_t lines = 0;
+    for (std::size_t at = out.find("\033[K"); at != std::string::npos; at = out.find("\033[K", at + 1)) {
+      const auto end = out.find_first_of("\r\n", at + 3);
+      const auto line = out.substr(at + 3, (end == std::string::npos ? out.size() : end) - (at + 3));
+      INFO(line);
+      CHECK(line.size() < cols);
+      CHECK_THAT(line, Catch::StartsWith("[pretrain] epoch 12"));
+      ++lines;
+    }
+    CHECK(lines == 11);
+    if (cols == 80) CHECK_THAT(out, Catch::Contains("] 100% 123457 sp/s loss 0.1235 ETA 1:02:05"));
+  }
+}
+
 TEST_CASE("algorithms and callbacks from TOML, with a defined order", "[hparams][algorithms]") {
   const std::string toml = R"(
 [run]
@@ -725,3 +799,42 @@ algorithms = {}
   bad("early_stopping = {", "early_stop = {", "unknown callback \"early_stop\"");
   bad("mode = \"max\"", "mode = \"up\"", "mode: expected \"max\" or \"min\"");
 }
+
+TEST_CASE("a resumed run's TensorBoard file begins with the restart marker at the step after its checkpoint",
+          "[loggers][resume]") {
+  TempDir dir;
+  {
+    auto tb = baton::loggers::tensorboard(dir.path, 6);
+    REQUIRE(tb);
+    (*tb)->log("s", baton::Timestamp{.batch = 7}, {{"train/loss", 0.5}});
+  }
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir.path)) files.push_back(e.path());
+  REQUIRE(files.size() == 1);
+  std::ifstream in(files[0], std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), {});
+  // Records: [u64 length][u32 crc][data][u32 crc]; the second holds the marker.
+  std::vector<std::string> records;
+  for (std::size_t at = 0; at < all.size();) {
+    std::uint64_t len = 0;
+    std::memcpy(&len, all.data() + at, 8);
+    records.push_back(all.substr(at + 12, len));
+    at += 12 + len + 4;
+  }
+  REQUIRE(records.size() == 3);
+  std::int64_t step = -1;
+  std::uint64_t status = 0;
+  for (const auto& f : fields(records[1])) {
+    if (f.number == 2 && f.wire == 0) step = static_cast<std::int64_t>(f.varint);
+    if (f.number == 6 && f.wire == 2)  // session_log
+      for (const auto& g : fields(f.bytes))
+        if (g.number == 1 && g.wire == 0) status = g.varint;
+  }
+  CHECK(step == 6);
+  CHECK(status == 1);  // SessionLog.START: TensorBoard purges earlier files' events at step >= 6
+  // Without a restart there is no marker.
+  TempDir plain;
+  REQUIRE(baton::loggers::tensorboard(plain.path));
+  for (const auto& e : fs::directory_iterator(plain.path)) CHECK(fs::file_size(e.path()) < 60);
+}
+

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "baton/error.hpp"
@@ -44,15 +45,22 @@ Callback grad_norm_monitor(MonitorOptions o = {});
 Callback nan_monitor(MonitorOptions o = {});
 
 enum class Mode { max, min };
+/// Whose best an evaluation is compared with.
+enum class Scope {
+  stage,  ///< this stage's evaluations only: a fine-tune is not judged against warm-up's score
+  run,    ///< every evaluation of the run so far
+};
 struct EarlyStoppingOptions {
   std::string metric = "test/loss";  ///< "<eval set>/<metric>", from the spec's evaluation
   Mode mode = Mode::min;             ///< min: lower is better (a loss); max: higher (accuracy)
   std::int64_t patience = 3;         ///< evaluations without improvement before stopping
   double min_delta = 0;              ///< an improvement must beat the best by more than this
+  Scope scope = Scope::stage;
 };
 /// Ends the fit (with the state reached and a reason in `StageRecord::stop_reason`, not an
-/// error) when the metric has not improved for `patience` evaluations. Its best value and count
-/// live in the state (`callback_state["early_stopping"]`), so they survive splits and resumes.
+/// error) when the metric has not improved for `patience` evaluations; the reason names the
+/// best value and the batch whose evaluation set it. Its memory lives in the state
+/// (`callback_state["early_stopping"]`), so it survives splits and resumes.
 Callback early_stopping(EarlyStoppingOptions o);
 
 struct ThresholdOptions {
@@ -89,7 +97,11 @@ Expected<std::shared_ptr<Logger>> csv(const std::filesystem::path& path);
 /// TensorBoard event files in `dir` (events.out.tfevents.<seconds>.<host>.baton): scalars with
 /// the run's batch counter as step. Each record: length, masked CRC-32C of the length, an Event
 /// protocol buffer (wall_time, step, summary{value{tag, simple_value}}), masked CRC-32C of it.
-Expected<std::shared_ptr<Logger>> tensorboard(const std::filesystem::path& dir);
+/// `restart_at`: this run resumes at that step (a batch count) after a stop; the file begins with
+/// TensorBoard's restart marker (SessionLog START), so TensorBoard drops the events of earlier
+/// files from that step on, which the stopped run logged after its checkpoint.
+Expected<std::shared_ptr<Logger>> tensorboard(const std::filesystem::path& dir,
+                                              std::optional<std::int64_t> restart_at = std::nullopt);
 /// One line per log call on `out` (stdout by default): "[stage] epoch 1 batch 469: key=value ...",
 /// through `progress` when given (so a progress bar on the same terminal is cleared first).
 std::shared_ptr<Logger> console(std::FILE* out = stdout);
@@ -104,7 +116,8 @@ std::string duration_text(double seconds);
 
 /// The terminal progress display of `baton run`, for any program: on a terminal a bar redrawn in
 /// place ("[stage] epoch 2 [#####.....]  41%  8123 sp/s loss 0.4312 ETA 0:21"); elsewhere (a pipe,
-/// a log file) a plain line at every ~10% of the stage. Not thread-safe; one per output.
+/// a log file) a plain line at every ~10% of the stage. The bar's line fits the terminal's width
+/// (read at every update; 80 columns when unknown), so it never wraps. Not thread-safe; one per output.
 class Progress {
  public:
   explicit Progress(std::FILE* out = stdout);  ///< a bar when `out` is a terminal
@@ -118,6 +131,7 @@ class Progress {
   void finish_stage();
 
  private:
+  [[nodiscard]] int terminal_columns() const;
   std::FILE* out_;
   bool bar_;
   int next_tenth_ = 1;

@@ -110,16 +110,27 @@ class Runner {
     if (!resume || !lead_) return resume;
     // The files read as one uninterrupted run: lines after the checkpoint are dropped (they are
     // logged again), and the configuration is written (checked) after the fingerprint passed.
-    if (*resume)
+    // Without a checkpoint (a run killed before its first) the run starts over, and so do its
+    // metrics files.
+    std::error_code ec;
+    if (*resume) {
       if (auto ok = detail::truncate_metrics(o_.dir, (*resume)->state.time.batch, (*resume)->stage_index, (*resume)->stage_done);
           !ok)
         return tl::unexpected(ok.error());
+    } else {
+      for (const char* f : {"metrics.jsonl", "metrics.csv"}) fs::remove(o_.dir / f, ec);
+    }
     if (auto ok = detail::write_file_atomic(o_.dir / "config.toml", config_, "config"); !ok) return tl::unexpected(ok.error());
     auto metrics = detail::MetricsWriter::open(o_.dir / "metrics.jsonl", o_.dir / "metrics.csv");
     if (!metrics) return tl::unexpected(metrics.error());
     metrics_ = *metrics;
     if (o_.tensorboard) {
-      auto tb = loggers::tensorboard(o_.dir / "tensorboard");
+      // Resumed: TensorBoard drops what the stopped run logged after its checkpoint (all of it,
+      // when a run killed before its first checkpoint starts over).
+      const bool earlier = !fs::is_empty(o_.dir / "tensorboard", ec) && !ec;
+      auto tb = loggers::tensorboard(o_.dir / "tensorboard",
+                                     *resume ? std::optional((*resume)->state.time.batch + 1)
+                                             : earlier ? std::optional<std::int64_t>(0) : std::nullopt);
       if (!tb) return tl::unexpected(tb.error());
       tensorboard_ = *tb;
     }
