@@ -224,8 +224,10 @@ Header decode_header(const json& h, std::uint32_t version, const fs::path& path)
       ps.slots.resize(slots);
     }
     if (version >= 2)
-      for (const auto& [cb, values] : h.at("callback_state").items())
-        for (const auto& [key, value] : values.items()) out.callback_state[cb][key] = real_of(value);
+      for (const auto& [cb, values] : h.at("callback_state").items()) {
+        auto& kept = out.callback_state[cb];  // a stateless callback's empty entry too
+        for (const auto& [key, value] : values.items()) kept[key] = real_of(value);
+      }
     check_sense(out, h);
     return out;
   });

@@ -110,7 +110,23 @@ std::string Time::to_string() const {
     if (text.back() == '.') text.pop_back();
     return text + "dur";
   }
+  if (!std::isfinite(value) || value != std::floor(value)) return fmt::format("{}{}", value, unit_suffix(unit));
   return fmt::format("{}{}", count(), unit_suffix(unit));
+}
+
+Expected<void> Time::check() const {
+  const auto bad = [&](std::string_view why) {
+    return fail(ErrorCode::invalid_argument, fmt::format("time \"{}\": {}", to_string(), why));
+  };
+  if (!std::isfinite(value)) return bad("not a finite number");
+  if (value < 0) return bad("negative");
+  if (unit == TimeUnit::duration) {
+    if (value > 1) return bad("a fraction of the max duration is at most 1 (\"1dur\": all of it)");
+    return {};
+  }
+  if (value != std::floor(value)) return bad(fmt::format("{} are counted in whole numbers", unit == TimeUnit::epoch ? "epochs" : unit == TimeUnit::batch ? "batches" : "samples"));
+  if (value > 9.0e15) return bad("more than 9e15 is beyond exact counting");
+  return {};
 }
 
 std::string Timestamp::to_string() const {
@@ -353,6 +369,7 @@ TrainingSpec TrainingSpec::with_lr(double lr) const {
 
 Expected<void> TrainingSpec::validate() const {
   std::vector<std::string> problems;
+  if (name.empty()) problems.push_back("name: empty; a stage is identified by its name (history, checkpoints, resume)");
   if (auto d = data.train.validate(); !d) problems.push_back("data.train: " + d.error().message);
   if (data.batch_size <= 0)
     problems.push_back(fmt::format("data.batch_size: must be positive, got {}", data.batch_size));
@@ -363,7 +380,9 @@ Expected<void> TrainingSpec::validate() const {
         data.batch_size, data.train.size(), data.train.name));
   if (!loss.fn) note(problems, "loss: no loss function set (e.g. baton::loss::cross_entropy())");
   if (auto o = optimizer.validate(); !o) problems.push_back(o.error().message);
-  if (duration.value <= 0 || !std::isfinite(duration.value))
+  if (auto ok = duration.check(); !ok)
+    problems.push_back("duration: " + ok.error().message);
+  else if (duration.value <= 0)
     problems.push_back(fmt::format("duration: must be more than zero, got \"{}\"", duration.to_string()));
   if (grad_accum < 1 || (data.batch_size > 0 && grad_accum > data.batch_size))
     problems.push_back(fmt::format("grad_accum: must be in [1, batch_size = {}], got {}", data.batch_size, grad_accum));
@@ -375,8 +394,8 @@ Expected<void> TrainingSpec::validate() const {
     if (f.empty()) note(problems, "freeze: an empty pattern matches nothing; remove it");
   if (model.kind == ModelCarry::Kind::transfer && model.source && !model.source->model.module)
     note(problems, "model: the transfer source state has no model");
-  if (schedule.warmup && schedule.warmup->value <= 0)
-    problems.push_back(fmt::format("schedule: warm-up must be more than zero, got \"{}\"", schedule.warmup->to_string()));
+  if (schedule.warmup && (!schedule.warmup->check() || schedule.warmup->value <= 0))
+    problems.push_back(fmt::format("schedule: warm-up must be a valid time more than zero, got \"{}\"", schedule.warmup->to_string()));
   if (device.is_cuda() && !torch::cuda::is_available())
     note(problems, "device: CUDA requested but this LibTorch has no CUDA device; use CPU");
   if (!device.is_cpu() && !device.is_cuda())
@@ -394,7 +413,9 @@ Expected<void> TrainingSpec::validate() const {
   for (std::size_t i = 0; i < loggers.size(); ++i)
     if (!loggers[i]) problems.push_back(fmt::format("loggers[{}]: is null", i));
   auto positive = [&](const std::optional<Time>& t, const char* field) {
-    if (t && !(t->value > 0 && std::isfinite(t->value)))
+    if (!t) return;
+    if (auto ok = t->check(); !ok) problems.push_back(fmt::format("{}: {}", field, ok.error().message));
+    else if (!(t->value > 0))
       problems.push_back(fmt::format("{}: must be more than zero, got \"{}\"", field, t->to_string()));
   };
   if (evaluation) {

@@ -1,4 +1,8 @@
 // TrainState as a value: deep copies, init_state, built-in models.
+#include <bit>
+#include <cmath>
+#include <tuple>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -105,6 +109,8 @@ Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& 
     return fail(ErrorCode::invalid_argument,
                 fmt::format("init_state: max_duration \"{}\" is a fraction of itself; give it in ep, ba or sp",
                             options.max_duration.to_string()));
+  if (auto ok = options.max_duration.check(); !ok)
+    return fail(ErrorCode::invalid_argument, fmt::format("init_state: max_duration: {}", ok.error().message));
   if (options.max_duration.value <= 0)
     return fail(ErrorCode::invalid_argument,
                 fmt::format("init_state: max_duration must be more than zero, got \"{}\"",
@@ -118,6 +124,18 @@ Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& 
     }
     if (!s.model.module || !s.model.forward)
       return fail(ErrorCode::invalid_argument, "init_state: the model factory returned no module or no forward");
+    // Copies of the state call the factory again: a factory that builds another architecture on
+    // another call is refused here, as an Error, rather than making a later copy throw.
+    {
+      detail::GlobalRngScope scope(detail::seeded_rng_state(0));
+      const Model again = factory();
+      if (!again.module)
+        return fail(ErrorCode::invalid_argument, "init_state: the model factory returned no module on its second call");
+      TrainState probe;
+      probe.model = again;
+      detail::copy_tensors(s.named_parameters(), probe.named_parameters(), "parameters");  // raises on a mismatch
+      detail::copy_tensors(s.named_buffers(), probe.named_buffers(), "buffers");
+    }
     s.model.module->train(true);
     s.rng = detail::seeded_rng_state(detail::derive_seed(options.seed, 2));
     s.seed = options.seed;
@@ -125,6 +143,36 @@ Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& 
     return s;
   });
 }
+
+namespace {
+/// Doubles as a resume must reproduce them: the same bits, except that any NaN equals any NaN
+/// (a checkpoint stores NaN as "nan", not its sign and payload).
+bool same_double(double x, double y) {
+  if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && std::isnan(y);
+  return std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y);
+}
+
+bool same_record(const StageRecord& x, const StageRecord& y) {
+  const auto transfer = [](const std::optional<TransferReport>& t) {
+    return t ? std::optional(std::tie(t->copied, t->skipped, t->initialized)) : std::nullopt;
+  };
+  return x.name == y.name && x.start == y.start && x.end == y.end && same_double(x.last_loss, y.last_loss) &&
+         same_double(x.last_lr, y.last_lr) && same_double(x.last_grad_norm, y.last_grad_norm) &&
+         transfer(x.transfer) == transfer(y.transfer) && x.interrupted == y.interrupted &&
+         x.stop_reason == y.stop_reason && x.skipped_batches == y.skipped_batches;
+}
+
+bool same_callback_state(const std::map<std::string, std::map<std::string, double>>& x,
+                         const std::map<std::string, std::map<std::string, double>>& y) {
+  if (x.size() != y.size()) return false;
+  for (auto i = x.begin(), j = y.begin(); i != x.end(); ++i, ++j) {
+    if (i->first != j->first || i->second.size() != j->second.size()) return false;
+    for (auto k = i->second.begin(), l = j->second.begin(); k != i->second.end(); ++k, ++l)
+      if (k->first != l->first || !same_double(k->second, l->second)) return false;
+  }
+  return true;
+}
+}  // namespace
 
 bool bitwise_equal(const TrainState& a, const TrainState& b) {
   auto same = [](const auto& x, const auto& y) {
@@ -137,8 +185,13 @@ bool bitwise_equal(const TrainState& a, const TrainState& b) {
     return true;
   };
   if (!(a.time == b.time) || a.optimizer.kind != b.optimizer.kind || a.stage != b.stage ||
-      !(a.stage_start == b.stage_start) || a.callback_state != b.callback_state)
+      !(a.stage_start == b.stage_start) || !same_callback_state(a.callback_state, b.callback_state) ||
+      a.seed != b.seed || !(a.max_duration == b.max_duration))
     return false;
+  if (a.rng.defined() != b.rng.defined() || (a.rng.defined() && !torch::equal(a.rng, b.rng))) return false;
+  if (a.history.size() != b.history.size()) return false;
+  for (std::size_t i = 0; i < a.history.size(); ++i)
+    if (!same_record(a.history[i], b.history[i])) return false;
   if (a.algorithm_state.size() != b.algorithm_state.size()) return false;
   for (const auto& [algorithm, ta] : a.algorithm_state) {
     auto it = b.algorithm_state.find(algorithm);

@@ -101,8 +101,12 @@ struct InitOptions {
 /// caller's generator state is restored afterwards), time zero, no optimizer state.
 Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& options);
 
-/// True when two states hold bit-identical parameters, buffers and optimizer state (and the same
-/// timestamp). Used by tests to check split/resume invariance.
+/// True when two states hold everything a resume must reproduce, bit for bit: parameters,
+/// buffers, optimizer steps and moments, the RNG, algorithm and callback state, the timestamp,
+/// stage and stage start, seed, max duration and the history (any NaN equals any NaN there: a
+/// checkpoint keeps NaN, not its bits). `bitwise_equal(s, load(save(s)))` always holds. Not
+/// compared: the model factory and the module's train/eval flag. Used by tests of split and
+/// resume invariance.
 bool bitwise_equal(const TrainState& a, const TrainState& b);
 
 }  // namespace baton

@@ -39,8 +39,14 @@ struct Time {
   /// The integer count of an `ep`/`ba`/`sp` time.
   [[nodiscard]] constexpr std::int64_t count() const { return static_cast<std::int64_t>(value); }
 
-  /// Canonical text, e.g. "500ba", "0.25dur"; `parse(t.to_string()) == t`.
+  /// Canonical text, e.g. "500ba", "0.25dur"; `parse(t.to_string()) == t` for a valid time. An
+  /// invalid one prints as it is ("1.5ba"), so that messages about it are true.
   [[nodiscard]] std::string to_string() const;
+
+  /// The fields are public (an aggregate, like Timestamp), so a `Time` can hold what no text
+  /// parses to: `Time{1.5, TimeUnit::batch}`, a negative or NaN value, `2dur`. Every function of
+  /// baton that takes a Time checks it with this: an error (invalid_argument) saying what is wrong.
+  [[nodiscard]] Expected<void> check() const;
 
   friend constexpr bool operator==(const Time&, const Time&) = default;
 };

@@ -131,15 +131,20 @@ std::optional<TransferReport> begin_stage(const TrainingSpec& spec, TrainState& 
 
 /// Lines the state's optimizer state up with the trainable parameters, resolving groups and
 /// frozen patterns. Checks that every pattern matches something.
-std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s) {
+std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s, bool began_stage) {
   const std::string kind(spec.optimizer.kind());
   if (!s.optimizer.kind.empty() && s.optimizer.kind != kind) {
+    if (began_stage)  // (with Carry::fresh the moments were dropped: only Carry::keep gets here)
+      raise(ErrorCode::invalid_spec,
+            fmt::format("optimizer: stage \"{}\" begins with Carry::keep, but the state holds {} moments and the "
+                        "stage's optimizer is {}; moments of one optimizer kind cannot continue another: use "
+                        "with_optimizer(opt, Carry::fresh) (optimizer_carry = \"fresh\")",
+                        spec.name, s.optimizer.kind, kind));
     raise(ErrorCode::invalid_spec,
-                  fmt::format("optimizer: the state holds {} moments and the spec asks to keep them "
-                              "(Carry::keep) with {}; moments of one optimizer kind cannot continue "
-                              "another: use Carry::fresh{}",
-                              s.optimizer.kind, kind,
-                              s.stage == spec.name ? fmt::format(" in a new stage (this fit continues stage \"{}\")", spec.name) : ""));
+          fmt::format("optimizer: this fit continues stage \"{}\" (begun by an earlier fit), whose moments are {}; "
+                      "its optimizer cannot change to {} midway, whatever the carry (optimizer carry applies where a "
+                      "stage begins). Give the {} optimizer a stage of its own (another name) with Carry::fresh",
+                      spec.name, s.optimizer.kind, kind, kind));
   }
   s.optimizer.kind = kind;
   const auto& opt = spec.optimizer;
@@ -176,6 +181,11 @@ std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s) {
       raise(ErrorCode::invalid_spec,
                     fmt::format("freeze: pattern \"{}\" matches no parameter; parameters are named like: {}",
                                 spec.freeze[f], some_names(*s.model.module)));
+  if (slots.empty() && !spec.freeze.empty())
+    raise(ErrorCode::invalid_spec,
+          fmt::format("freeze: patterns \"{}\" freeze every parameter, so nothing would train; freeze fewer "
+                      "(parameters are named like: {})",
+                      fmt::join(spec.freeze, "\", \""), some_names(*s.model.module)));
   return slots;
 }
 

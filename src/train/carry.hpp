@@ -37,7 +37,7 @@ struct Slot {
 
 /// Lines the state's optimizer state up with the trainable parameters, resolving groups and
 /// frozen patterns; every pattern must match something.
-std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s);
+std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s, bool began_stage);
 
 /// Turns off gradients of frozen parameters for a scope and restores them after.
 class FreezeScope {

@@ -46,10 +46,11 @@ namespace baton {
 namespace {
 
 Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional<Time> budget) {
+  const bool began = detail::stage_position(spec, s).new_stage;
   auto transfer = detail::begin_stage(spec, s);
   const detail::Course course = detail::Course::make(spec, s, budget);
   if (!spec.device.is_cpu()) s.model.module->to(spec.device);
-  std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s);
+  std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
   detail::FreezeScope frozen(spec, *s.model.module);
   s.model.module->train(true);
   // Dropout, augmentation etc. draw from the run's RNG, installed in LibTorch's global generator
@@ -98,8 +99,9 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
            if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error());
            if (!s.model.module) return fail(ErrorCode::invalid_argument, "fit: the state has no model; make one with init_state");
            if (s.finished()) return tl::unexpected(detail::finished_error(s));
-           if (budget && (!std::isfinite(budget->value) || budget->value < 0))
-             return fail(ErrorCode::invalid_argument, fmt::format("fit: the budget must be >= 0, got {}", budget->value));
+           if (budget)
+             if (auto ok = budget->check(); !ok)
+               return fail(ErrorCode::invalid_argument, fmt::format("fit: the budget: {}", ok.error().message));
            if (budget && budget->value == 0) return std::move(s);  // a zero budget changes nothing
            return train(spec, std::move(s), budget);
          })

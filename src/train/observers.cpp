@@ -23,13 +23,15 @@ Observers::Observers(const TrainingSpec& spec, TrainState& s, const Course& cour
       attached_(!spec.algorithms.empty() || !spec.callbacks.empty() || !spec.loggers.empty() ||
                 spec.evaluation.has_value() || !spec.checkpoints.dir.empty()),
       signals_(spec.handle_signals) {
-  // One record per stage: a fit that continues the stage extends its record, so a stage split
-  // into several fits leaves the same history as one fit.
+  record_ = open_record(s, spec.name, std::move(transfer));
+}
+
+std::size_t open_record(TrainState& s, const std::string& stage, std::optional<TransferReport> transfer) {
   const Timestamp& start = s.time;
-  if (transfer || s.history.empty() || s.history.back().name != spec.name || !(s.history.back().end == start))
-    s.history.push_back(StageRecord{spec.name, start, start, std::nan(""), 0.0, 0.0, std::move(transfer), false});
-  record_ = s.history.size() - 1;
-  s.history[record_].interrupted = false;
+  if (transfer || s.history.empty() || s.history.back().name != stage || !(s.history.back().end == start))
+    s.history.push_back(StageRecord{stage, start, start, std::nan(""), 0.0, 0.0, std::move(transfer), false});
+  s.history.back().interrupted = false;
+  return s.history.size() - 1;
 }
 
 bool Observers::local_stop() const { return (spec_.stop && spec_.stop->load()) || signals_.raised(); }

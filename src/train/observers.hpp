@@ -17,6 +17,10 @@
 
 namespace baton::detail {
 
+/// The history record this fit writes to: the stage's own when the fit continues it (so a stage
+/// split into several fits, or steps, leaves the same history as one fit), else a new one.
+std::size_t open_record(TrainState& s, const std::string& stage, std::optional<TransferReport> transfer);
+
 class Observers {
  public:
   /// Opens (or extends) the stage's history record; `transfer` is what begin_stage reported.

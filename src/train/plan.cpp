@@ -9,6 +9,7 @@
 #include "train/course.hpp"
 #include "train/data_parallel.hpp"
 #include "train/horizon.hpp"
+#include "train/observers.hpp"
 #include "train/step.hpp"
 
 namespace baton {
@@ -41,11 +42,13 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            // Without training data in the spec, an epoch is this one batch (for the schedule's units).
            const std::int64_t n = spec.data.train.size() > 0 ? spec.data.train.size() : b;
            const std::int64_t bs = std::max<std::int64_t>(spec.data.batch_size, 1);
-           detail::begin_stage(spec, s);
-           std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s);
+           const bool began = detail::stage_position(spec, s).new_stage;
+           auto transfer = detail::begin_stage(spec, s);
+           std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
            detail::FreezeScope frozen(spec, *s.model.module);
            s.model.module->train(true);
            detail::GlobalRngScope rng(s.rng);
+           const std::size_t record = detail::open_record(s, spec.name, std::move(transfer));  // as fit keeps it
            detail::roll_epoch(s.time, n, bs, spec.data.drop_last);
            const double scale = spec.schedule(detail::schedule_time(spec, s, s.time, s.stage_start, n));
            // The spec's algorithms apply as in fit (callbacks and loggers are fit's business).
@@ -69,7 +72,10 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            for (const auto& a : spec.algorithms)
              if (a.batch_end) a.batch_end(actx, s, s.algorithm_state[a.name]);
            detail::advance(s.time, b);
+           auto& r = s.history[record];
+           r.last_loss = out.loss, r.last_grad_norm = out.grad_norm, r.last_lr = spec.optimizer.lr() * scale;
            detail::roll_epoch(s.time, n, bs, spec.data.drop_last);
+           r.end = s.time;
            s.rng = rng.current();
            return StepResult{std::move(s), out.loss, spec.optimizer.lr() * scale, out.grad_norm};
          })
