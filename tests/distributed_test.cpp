@@ -1,5 +1,7 @@
 // Data-parallel training on c10d (Gloo), loopback only: two ranks run as two threads of this
 // process (each its own process group over a FileStore), or as processes under `baton launch`.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -403,5 +405,53 @@ TEST_CASE("kill one rank: the other stops with the error within the timeout, the
   CHECK_THAT(again.out, Catch::Contains("resuming from " + (run_dir / "checkpoints").string()));
   CHECK(fs::exists(run_dir / "final.baton"));
   CHECK_FALSE(fs::exists(run_dir / "rank-1"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the launcher killed (SIGKILL) or hung up (SIGHUP): its ranks stop with a checkpoint, the lock is released, a re-run resumes",
+          "[distributed][launch]") {
+  const auto dir = temp_dir("launcher");
+  // 2000 batches: the signal, sent once batch 100 is checkpointed, lands well inside training.
+  std::string toml = kDistToml;
+  for (auto at = toml.find("30ep"); at != std::string::npos; at = toml.find("30ep")) toml.replace(at, 4, "100ep");
+  std::ofstream(dir / "c.toml") << toml;
+  const auto run_dir = dir / "run";
+  const std::string run = fmt::format("{} run {} --run-dir {} --nproc 2", BATON_EXE, (dir / "c.toml").string(), run_dir.string());
+  const auto first_ckpt = run_dir / "checkpoints" / "ckpt-0000000100.baton";
+  // The launcher in the background, signalled once the first interval checkpoint exists; the
+  // output ends when every process writing to it (the ranks too) has ended.
+  auto signal_launcher = [&](const char* sig) {
+    return shell(fmt::format("( {} & L=$!; while [ ! -e {} ]; do sleep 0.02; done; kill -{} $L; wait $L; echo \"launcher: $?\" )",
+                             run, first_ckpt.string(), sig));
+  };
+  auto lock_free = [&] {
+    const int fd = ::open((run_dir / ".lock").c_str(), O_RDWR | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    ::close(fd);
+    return free;
+  };
+
+  SECTION("SIGKILL") {
+    const auto killed = signal_launcher("KILL");
+    INFO(killed.out);
+    CHECK_THAT(killed.out, Catch::Contains("launcher: 137"));
+    // Rank 0 got SIGTERM when its parent died: it finished its batch and wrote a checkpoint.
+    CHECK_THAT(killed.out, Catch::Contains("interrupted at epoch") && Catch::Contains("checkpoint written to"));
+    CHECK(killed.seconds < 60);
+  }
+  SECTION("SIGHUP: forwarded as SIGTERM; every rank stops with exit 3, and so does the launcher") {
+    const auto hung_up = signal_launcher("HUP");
+    INFO(hung_up.out);
+    CHECK_THAT(hung_up.out, Catch::Contains("launcher: 3"));
+    CHECK_THAT(hung_up.out, Catch::Contains("interrupted at epoch") && Catch::Contains("checkpoint written to"));
+  }
+  CHECK(lock_free());
+  CHECK_FALSE(fs::exists(run_dir / "final.baton"));
+  const auto again = shell(run);
+  INFO(again.out);
+  CHECK(again.rc == 0);
+  CHECK_THAT(again.out, Catch::Contains("resuming from " + (run_dir / "checkpoints").string()));
+  CHECK(fs::exists(run_dir / "final.baton"));
   fs::remove_all(dir);
 }

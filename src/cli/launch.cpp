@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,7 +28,9 @@ using SteadyClock = std::chrono::steady_clock;
 
 std::atomic<int> g_forward_signal{0};
 
-extern "C" void baton_launch_on_signal(int sig) { g_forward_signal = sig; }
+// A hang-up (the terminal closed, an ssh session lost) stops the ranks as SIGTERM does: with a
+// checkpoint (baton run handles SIGINT and SIGTERM, not SIGHUP).
+extern "C" void baton_launch_on_signal(int sig) { g_forward_signal = sig == SIGHUP ? SIGTERM : sig; }
 
 /// A port nobody listens on now: bind port 0 on loopback and read what the kernel chose. (Rank
 /// 0's TCPStore binds it a moment later; another program could take it in between, in which
@@ -106,7 +109,8 @@ int exit_status(const std::vector<std::optional<int>>& statuses, std::optional<i
 /// Forks and execs the ranks with torchrun's variables; false (the started ones stopped) if a
 /// fork fails.
 bool start_ranks(const LaunchOptions& o, int port, const struct sigaction& old_int, const struct sigaction& old_term,
-                 std::vector<pid_t>& pids) {
+                 const struct sigaction& old_hup, std::vector<pid_t>& pids) {
+  const pid_t launcher = ::getpid();
   std::vector<std::string> argv_storage = o.command;
   std::vector<char*> argv;
   for (auto& a : argv_storage) argv.push_back(a.data());
@@ -125,6 +129,12 @@ bool start_ranks(const LaunchOptions& o, int port, const struct sigaction& old_i
       ::setpgid(0, 0);
       sigaction(SIGINT, &old_int, nullptr);
       sigaction(SIGTERM, &old_term, nullptr);
+      sigaction(SIGHUP, &old_hup, nullptr);
+      // The launcher's death (SIGKILL, a crash) stops the rank as a SIGTERM does: no rank trains
+      // unsupervised, and rank 0's lock on the run directory goes with it. If the launcher died
+      // before this line, the parent is already another process.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(1);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
@@ -159,16 +169,17 @@ int launch(const LaunchOptions& o) {
   std::fflush(stderr);
   std::fflush(stdout);
 
-  struct sigaction sa {}, old_int{}, old_term{};
+  struct sigaction sa {}, old_int{}, old_term{}, old_hup{};
   sa.sa_handler = baton_launch_on_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
   g_forward_signal = 0;
 
   std::vector<pid_t> pids(static_cast<std::size_t>(o.nproc), -1);
   std::vector<std::optional<int>> statuses(pids.size());
-  if (!start_ranks(o, port, old_int, old_term, pids)) return 1;
+  if (!start_ranks(o, port, old_int, old_term, old_hup, pids)) return 1;
 
   std::optional<int> first_failed;  // rank
   std::optional<SteadyClock::time_point> term_at, kill_at;
@@ -215,6 +226,7 @@ int launch(const LaunchOptions& o) {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
 
   return exit_status(statuses, first_failed);
 }
