@@ -36,5 +36,8 @@ if(NOT BATON_TOML_SOURCES)
   message(FATAL_ERROR "toml_compat: set BATON_TOML_SOURCES (the files that include toml++) before including it")
 endif()
 foreach(_src IN LISTS BATON_TOML_SOURCES)
-  set_property(SOURCE "${CMAKE_CURRENT_SOURCE_DIR}/${_src}" APPEND PROPERTY COMPILE_OPTIONS "-isystem${_toml_dst}")
+  set_property(SOURCE "${CMAKE_CURRENT_SOURCE_DIR}/${_src}" APPEND PROPERTY COMPILE_OPTIONS "-isystem${_toml_dst}"
+               # Shortest round-trip floats ("lr = 0.05", not 0.050000000000000003): toml++ 3.3
+               # turns std::to_chars for floats off on every GCC, though GCC >= 11 has it.
+               "-DTOML_FLOAT_CHARCONV=1")
 endforeach()

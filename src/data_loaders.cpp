@@ -18,7 +18,8 @@
 namespace baton::data {
 namespace {
 
-std::vector<std::string> split_cells(const std::string& line) {
+std::vector<std::string> split_cells(std::string line) {
+  if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF line ends (files from Windows)
   std::vector<std::string> cells;
   std::stringstream ss(line);
   for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
@@ -52,7 +53,7 @@ Expected<Table> read_table(const std::string& path, const std::string& target) {
     t.target_col = static_cast<std::size_t>(it - header.begin());
   }
   for (std::size_t lineno = 2; std::getline(in, line); ++lineno) {
-    if (line.empty()) continue;
+    if (line.empty() || line == "\r") continue;
     const auto cells = split_cells(line);
     if (cells.size() != header.size())
       return fail(ErrorCode::data, fmt::format("{}:{}: {} cells, the header has {}", path, lineno, cells.size(), header.size()));

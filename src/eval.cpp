@@ -77,7 +77,10 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
       num_classes = out.size(1);
       correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
       for (std::size_t k = 0; k < spec.top_k.size(); ++k) {
-        if (spec.top_k[k] > out.size(1) || spec.top_k[k] < 1) continue;
+        if (spec.top_k[k] >= out.size(1)) {  // the top k of fewer than k classes hold every class
+          topk_correct[k] += take;
+          continue;
+        }
         auto top = std::get<1>(out.topk(spec.top_k[k], 1));
         topk_correct[k] += top.eq(y.unsqueeze(1)).any(1).sum().item<std::int64_t>();
       }
@@ -101,8 +104,7 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
   if (classes && num_classes > 0) {
     m["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
     for (std::size_t k = 0; k < spec.top_k.size(); ++k)
-      if (spec.top_k[k] >= 1 && spec.top_k[k] <= num_classes)
-        m[fmt::format("top{}_accuracy", spec.top_k[k])] = static_cast<double>(topk_correct[k]) / static_cast<double>(n);
+      m[fmt::format("top{}_accuracy", spec.top_k[k])] = static_cast<double>(topk_correct[k]) / static_cast<double>(n);
   }
   return m;
 }
@@ -115,6 +117,8 @@ Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
     if (spec.batch_size <= 0)
       return fail(ErrorCode::invalid_argument, fmt::format("eval: batch_size must be positive, got {}", spec.batch_size));
     if (!spec.loss.fn) return fail(ErrorCode::invalid_argument, "eval: no loss function set");
+    for (const auto k : spec.top_k)
+      if (k < 1) return fail(ErrorCode::invalid_argument, fmt::format("eval: top_k holds {}; each k must be at least 1", k));
     torch::NoGradGuard no_grad;
     if (!spec.weights.empty()) {
       EvalSpec plain = spec;

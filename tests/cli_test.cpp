@@ -98,6 +98,9 @@ TEST_CASE("every malformed curriculum in tests/data/bad fails validation with it
 
 TEST_CASE("the command line: help, unknown commands, bad --set, missing files", "[cli]") {
   CHECK(run("--help").rc == 0);
+  const auto version = run("--version");
+  CHECK(version.rc == 0);
+  CHECK_THAT(version.out, Catch::StartsWith("baton 0.") && Catch::Contains("LibTorch 1."));
   CHECK_THAT(run("run --help").out, Catch::Contains("--set"));
   CHECK(run("frobnicate").rc == 2);
   CHECK(run("run /nonexistent.toml").rc == 2);
@@ -193,6 +196,13 @@ optimizer = { lr = 0.01 }
   INFO(ev.out);
   REQUIRE(ev.rc == 0);
   CHECK(nlohmann::json::parse(ev.out).at("metrics").at("accuracy").get<double>() == Approx(std::stod(m[1])).margin(1e-4));
+  // A checkpoint inside the run's checkpoints/ finds the run's config.toml one level up.
+  fs::path ckpt;
+  for (const auto& e : fs::directory_iterator(dir / "run" / "checkpoints")) ckpt = e.path();
+  REQUIRE_FALSE(ckpt.empty());
+  const auto ev_ckpt = run("eval --state " + ckpt.string() + " --data test");
+  INFO(ev_ckpt.out);
+  CHECK(ev_ckpt.rc == 0);
   fs::remove_all(dir);
 }
 

@@ -137,12 +137,17 @@ TEST_CASE("overrides (--set) use the file's paths and the file's types", "[hpara
 TEST_CASE("builders are partially applied: every change returns a new builder", "[hparams]") {
   const auto cur = parse(kTwoStages);
   const auto& original = cur.stages()[1];
-  const auto changed = original.set("optimizer.lr", 0.5).set("batch_size", 8.0);
+  const auto changed = original.set("optimizer.lr", 0.5).set("batch_size", 8);
   INFO(changed.to_toml());
   REQUIRE(changed.build());
   CHECK(original.build()->optimizer.lr() == 0.02);
   CHECK(changed.build()->optimizer.lr() == 0.5);
   CHECK(changed.build()->data.batch_size == 8);
+  // Literals as a user writes them: an int, a string literal, 0 (an int, not a null pointer).
+  const auto literal = original.set("duration", "3ba").set("optimizer.momentum", 0);
+  INFO(literal.to_toml());
+  REQUIRE(literal.build());
+  CHECK(literal.build()->duration == baton::Time::batches(3));
   // The resolved configuration parses back to the same curriculum.
   auto again = baton::parse_curriculum(cur.resolved_toml(), "resolved.toml");
   INFO(cur.resolved_toml());
@@ -207,4 +212,72 @@ batch_size = 8
   REQUIRE_FALSE(v);
   CHECK_THAT(v.error().message, Catch::Contains("t.csv:42") && Catch::Contains("\"x\" is not a number"));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a relative data path in a curriculum file starts at the file's directory, not the working directory",
+          "[hparams][files]") {
+  test::TempDir tmp;
+  std::filesystem::create_directories(tmp.path / "exp" / "data");
+  std::ofstream(tmp.path / "exp" / "data" / "d.csv") << "a,b,y\n1,2,0\n3,4,1\n5,6,0\n";
+  std::ofstream(tmp.path / "exp" / "c.toml") << R"([run]
+max_duration = "1ep"
+[model]
+name = "mlp"
+widths = [2, 4, 2]
+[datasets.train]
+kind = "csv"
+path = "data/d.csv"
+[defaults]
+data = "train"
+batch_size = 2
+optimizer = { name = "sgd", lr = 0.1 }
+[[stages]]
+name = "only"
+duration = "1ep"
+)";
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(tmp.path);  // elsewhere than the file: exp/ is below
+  auto cur = baton::load_curriculum(tmp.path / "exp" / "c.toml");
+  std::filesystem::current_path(cwd);
+  if (!cur) FAIL(cur.error().to_string());
+  const auto ds = cur->dataset("train");
+  INFO((ds ? std::string() : ds.error().to_string()));
+  REQUIRE(ds);
+  CHECK(ds->size() == 3);
+  // The resolved configuration keeps the path as written (the fingerprint does not depend on
+  // where the file lies).
+  CHECK_THAT(cur->resolved_toml(), Catch::Contains("path = 'data/d.csv'") || Catch::Contains("path = \"data/d.csv\""));
+
+  // The same data with CRLF line ends (a file saved on Windows) reads the same.
+  std::ofstream(tmp.path / "exp" / "data" / "crlf.csv", std::ios::binary) << "a,b,y\r\n1,2,0\r\n3,4,1\r\n5,6,0\r\n";
+  const auto crlf = baton::data::csv({.path = tmp.path / "exp" / "data" / "crlf.csv", .target = ""});
+  INFO((crlf ? std::string() : crlf.error().to_string()));
+  REQUIRE(crlf);
+  CHECK(crlf->inputs.equal(ds->inputs));
+  CHECK(crlf->targets.equal(ds->targets));
+}
+
+TEST_CASE("the resolved configuration prints floats as written, not with 17 digits", "[hparams]") {
+  auto cur = baton::parse_curriculum(R"([run]
+max_duration = "1ep"
+[model]
+name = "mlp"
+widths = [2, 4, 2]
+[datasets.train]
+kind = "synthetic"
+features = 2
+classes = 2
+[defaults]
+data = "train"
+batch_size = 2
+optimizer = { name = "sgd", lr = 0.05, momentum = 0.9, weight_decay = 0.0002 }
+[[stages]]
+name = "only"
+duration = "1ep"
+)", "floats.toml");
+  if (!cur) FAIL(cur.error().to_string());
+  const auto text = cur->resolved_toml();
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("lr = 0.05") && Catch::Contains("weight_decay = 2e-04"));  // shortest round trip
+  CHECK_THAT(text, !Catch::Contains("0000000"));
 }

@@ -357,3 +357,33 @@ TEST_CASE("the report in headless Chromium: every plot draws its series with all
   CHECK(fs::file_size(shot) > 20000);
   fs::remove_all(dir);
 }
+
+TEST_CASE("y tick labels of a narrow range all differ (enough decimals for the step)", "[report]") {
+  const auto dir = temp_dir("ticks");
+  fs::create_directories(dir / "run");
+  {
+    std::ofstream m(dir / "run/metrics.jsonl");
+    m << R"({"event":"stage_start","stage":"s","epoch":0,"batch":0,"sample":0,"optimizer_carry":"keep"})" << "\n";
+    for (int i = 1; i <= 9; ++i)
+      m << fmt::format(R"({{"event":"train","stage":"s","epoch":0,"batch":{},"sample":{},"loss":{},"lr":0.1,"samples_per_s":100}})",
+                       i, i * 10, 0.998 + 0.0001 * i)
+        << "\n";
+  }
+  const auto r = baton("report " + (dir / "run").string());
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  // The loss plot's y ticks: <text class="tick" ... text-anchor="end">LABEL</text>
+  const std::string html = slurp(dir / "run/report.html");
+  const auto plot_at = html.find("<svg");
+  REQUIRE(plot_at != std::string::npos);
+  const auto plot = html.substr(plot_at, html.find("</svg>", plot_at) - plot_at);
+  std::vector<std::string> labels;
+  const std::string key = "text-anchor=\"end\">";
+  for (auto at = plot.find(key); at != std::string::npos; at = plot.find(key, at + 1))
+    labels.push_back(plot.substr(at + key.size(), plot.find('<', at) - at - key.size()));
+  INFO(fmt::format("{}", fmt::join(labels, " | ")));
+  REQUIRE(labels.size() >= 3);
+  CHECK(std::set<std::string>(labels.begin(), labels.end()).size() == labels.size());
+  CHECK_THAT(labels.front(), Catch::StartsWith("0.998"));
+  fs::remove_all(dir);
+}

@@ -94,6 +94,29 @@ TEST_CASE("a C++ chain with a run directory: stopped in a stage's last batch or 
   }
 }
 
+TEST_CASE("a run killed before its first checkpoint starts over, metrics files included", "[run][resume]") {
+  test::TempDir tmp;
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto at = std::make_shared<std::int64_t>(-1);
+  const auto specs = stages(stop_at(flag, at));
+  const baton::RunOptions whole{.dir = tmp.path / "whole", .progress = false, .stop = flag};
+  REQUIRE(baton::run(whole, specs, test::new_state(1, Time::epochs(4))));
+  // What a SIGKILL after a few logged batches leaves: lines, no checkpoint.
+  auto killed = whole;
+  killed.dir = tmp.path / "killed";
+  fs::create_directories(killed.dir / "checkpoints");
+  {
+    std::ifstream in(whole.dir / "metrics.jsonl");
+    std::ofstream out(killed.dir / "metrics.jsonl");
+    std::string line;
+    for (int i = 0; i < 3 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  const auto again = baton::run(killed, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE(again);
+  CHECK_FALSE(again->resumed_from);
+  CHECK(metric_lines(killed.dir) == metric_lines(whole.dir));
+}
+
 TEST_CASE("a run directory refuses another configuration and --fresh removes only what a run wrote", "[run]") {
   test::TempDir tmp;
   auto flag = std::make_shared<std::atomic<bool>>(false);
@@ -108,7 +131,7 @@ TEST_CASE("a run directory refuses another configuration and --fresh removes onl
   flag->store(false), *at = -1;
   const auto refused = baton::run(options, changed, test::new_state(1, Time::epochs(4)));
   REQUIRE_FALSE(refused);
-  CHECK_THAT(refused.error().to_string(), Catch::Contains("another configuration") && Catch::Contains("lr = 0.5"));
+  CHECK_THAT(refused.error().to_string(), Catch::Contains("another configuration") && Catch::Contains("+ stages[1]: optimizer = { name = \"sgd\", lr = 0.5 }"));
   options.fresh = true;
   const auto fresh = baton::run(options, changed, test::new_state(1, Time::epochs(4)));
   REQUIRE(fresh);

@@ -25,7 +25,8 @@ inline constexpr int exit_training_failed = 1;
 inline constexpr int exit_invalid_input = 2;
 inline constexpr int exit_interrupted = 3;
 
-/// Runs `baton run|validate|eval|inspect` with `argv`.
+/// Runs `baton run|validate|eval|inspect|report|launch` (and `--help`, `--version`) with `argv`.
+/// Link `baton::cli` (the same target name in baton's build tree and once installed).
 int main(int argc, char** argv, const Registry& registry = Registry::builtin());
 
 }  // namespace baton::cli

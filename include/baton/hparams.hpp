@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -90,6 +91,17 @@ class SpecBuilder {
   /// Overrides a value with the stage table's own key path, typed like the file's values:
   /// `set("optimizer.lr", 1e-4)`, `set("duration", std::string("2ep"))`.
   [[nodiscard]] SpecBuilder set(const std::string& key, ParamValue value) const;
+  /// `set("batch_size", 64)`: an integer (ParamValue's number is a double).
+  template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
+  [[nodiscard]] SpecBuilder set(const std::string& key, T value) const {
+    return set(key, ParamValue(static_cast<double>(value)));
+  }
+  /// `set("duration", "2ep")`: a string literal is text.
+  template <std::size_t N>
+  [[nodiscard]] SpecBuilder set(const std::string& key, const char (&value)[N]) const {
+    return set(key, ParamValue(std::string(value)));
+  }
   /// Binds a dataset name (as used by `data` and `eval.sets`) to a dataset of your own.
   [[nodiscard]] SpecBuilder with_dataset(const std::string& name, Dataset dataset) const;
   /// Any C++ change applied after the file's values (e.g. a loss of your own).

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <torch/version.h>
 
 #include "baton/callbacks.hpp"
 #include "baton/checkpoint.hpp"
@@ -141,8 +142,10 @@ int validate(const std::string& file, const std::vector<std::string>& sets, cons
 
 int evaluate(const std::string& state_path, const std::string& data, std::string config, const Registry& registry) {
   if (config.empty()) {
-    // A run directory holds config.toml next to its checkpoints.
-    config = (fs::path(state_path).parent_path() / "config.toml").string();
+    // A run directory holds config.toml beside final.baton, one level above its checkpoints/.
+    const fs::path dir = fs::path(state_path).parent_path();
+    std::error_code ec;
+    config = (dir.filename() == "checkpoints" && !fs::exists(dir / "config.toml", ec) ? dir.parent_path() : dir) / "config.toml";
   }
   auto cur = load_curriculum(config, {}, registry);
   if (!cur) return report(cur.error().with_context("--config (the run's config.toml)"));
@@ -202,6 +205,8 @@ int write_report(const std::vector<std::string>& run_dirs, const std::string& ou
 
 int main(int argc, char** argv, const Registry& registry) {
   CLI::App app{"baton: train LibTorch models through pure functions, from TOML curricula"};
+  app.set_version_flag("--version", fmt::format("baton {} (LibTorch {}.{}.{}, C++ library and command line)", BATON_VERSION,
+                                               TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH));
   app.require_subcommand(1);
   app.footer("Exit codes: 0 success, 1 training failed, 2 invalid input, 3 interrupted; a second Ctrl-C/SIGTERM: 130/143.");
 

@@ -206,6 +206,36 @@ void read_callbacks(const Impl& b, Reader& r, TrainingSpec& spec) {
   }
 }
 
+/// The metric a stopping callback watches ("<eval set>/<metric>") must be one this stage's
+/// evaluation produces, or the callback could never act: an error at validate, with the choices.
+void check_watched_metrics(const Impl& b, const TrainingSpec& spec, Problems& p) {
+  const auto* n = b.get("callbacks");
+  const auto* t = n ? n->as_table() : nullptr;
+  if (!t) return;
+  const std::pair<const char*, const char*> watchers[] = {{"early_stopping", "test/loss"}, {"threshold_stop", "test/accuracy"}};
+  for (const auto& [cb, default_metric] : watchers) {
+    const auto* opts = (*t)[cb].as_table();
+    if (!opts) continue;
+    const std::string metric = (*opts)["metric"].value<std::string>().value_or(default_metric);
+    const toml::node* at = opts->get("metric") ? opts->get("metric") : static_cast<const toml::node*>(opts);
+    if (!spec.evaluation) {
+      p.add(at, fmt::format("callbacks.{}: watches \"{}\", but this stage has no evaluation (eval = {{ sets = [...] }}), "
+                            "so it would never act", cb, metric));
+      continue;
+    }
+    std::vector<std::string> known;
+    const auto& es = spec.evaluation->spec;
+    for (const auto& [set, ds] : es.sets) {
+      known.push_back(set + "/loss");
+      known.push_back(set + "/accuracy");
+      for (const auto k : es.top_k) known.push_back(fmt::format("{}/top{}_accuracy", set, k));
+    }
+    if (std::find(known.begin(), known.end(), metric) == known.end())
+      p.add(at, fmt::format("callbacks.{}: metric \"{}\"{} is not one this stage's evaluation gives; it gives {}", cb,
+                            metric, detail::did_you_mean(metric, known), fmt::join(known, ", ")));
+  }
+}
+
 /// model carry-over: "keep" | "reinitialize" | "transfer" | {carry = ..., fresh = [...]}
 void read_model_carry(const Impl& b, Reader& r, TrainingSpec& spec) {
   const auto* n = b.get("model");
@@ -328,9 +358,26 @@ Expected<TrainingSpec> SpecBuilder::build() const {
     plan.spec.loss = spec.loss;
     spec.evaluation = EvalSchedule{plan.spec, plan.interval, true};
   }
+  check_watched_metrics(b, spec, p);
   if (!p.empty()) return tl::unexpected(p.error());
   for (const auto& change : b.changes) spec = change(std::move(spec));
-  if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error());
+  if (auto ok = spec.validate(); !ok) {
+    // Say where: the line of the key the first problem names (it may come from [defaults]),
+    // else the stage's own table.
+    static const std::pair<const char*, const char*> kFieldKeys[] = {
+        {"duration:", "duration"}, {"grad_accum:", "grad_accum"}, {"data.batch_size:", "batch_size"},
+        {"clip_grad_norm:", "clip_grad_norm"}, {"clip_grad_value:", "clip_grad_value"}, {"freeze:", "freeze"},
+        {"schedule:", "schedule"}, {"evaluation.", "eval"}, {"optimizer", "optimizer"}};
+    const std::string& message = ok.error().message;
+    const toml::node* at = &b.own();
+    std::size_t first = std::string::npos;
+    for (const auto& [field, key] : kFieldKeys)
+      if (const auto pos = message.find(field); pos != std::string::npos && pos < first)
+        if (const auto* n = b.get(key)) at = n, first = pos;
+    Problems where{b.doc->source, {}};
+    where.add(at, message);
+    return tl::unexpected(where.error());
+  }
   return spec;
 }
 

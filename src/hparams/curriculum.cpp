@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "detail.hpp"
@@ -40,6 +41,16 @@ Expected<Dataset> detail::Document::dataset(const std::string& name) const {
     const auto& entry = entry_it->second;
     Problems ignored{source, {}};
     Params params = detail::to_params(*table, {"kind", "limit"}, "datasets." + name, ignored);
+    // The built-in kinds' input paths, when relative, start at the curriculum file's directory
+    // (as the file's reader expects), not the working directory; the text (and fingerprint) keeps
+    // what the file says.
+    static const std::map<std::string, std::vector<std::string>> kPathKeys = {
+        {"fashion-mnist", {"dir"}}, {"idx", {"images", "labels"}}, {"csv", {"path"}}};
+    if (auto keys = kPathKeys.find(kind); keys != kPathKeys.end() && !base_dir.empty())
+      for (const auto& key : keys->second)
+        if (auto it = params.find(key); it != params.end())
+          if (auto* text = std::get_if<std::string>(&it->second); text && std::filesystem::path(*text).is_relative())
+            *text = (base_dir / *text).string();
     auto ds = detail::guard([&] { return entry.load(params); });
     if (!ds) return tl::unexpected(ds.error().with_context(fmt::format("dataset \"{}\"", name)));
     if (const auto* limit = table->get("limit"); limit && limit->is_integer() && *limit->value<std::int64_t>() > 0)
@@ -131,6 +142,7 @@ namespace {
 /// Builds every stage and its evaluation plan, adding their problems.
 void check_stages(const Curriculum& cur, Problems& all) {
   const auto& run = cur.run();
+  std::set<std::string> algorithms_so_far;  // weights an evaluation may ask for (ema, swa)
   for (const auto& stage : cur.stages()) {
     auto plan = stage.eval();
     if (!plan) detail::add_unique(all.list, detail::problem_lines(plan.error()));
@@ -148,6 +160,13 @@ void check_stages(const Curriculum& cur, Problems& all) {
                                      "({:.0f} batches); raise run.max_duration or shorten the stage",
                                      all.source, spec->name, spec->duration.to_string(), stage_b,
                                      run.max_duration.to_string(), max_b));
+    for (const auto& a : spec->algorithms) algorithms_so_far.insert(a.name);
+    // Evaluating an algorithm's weights needs that algorithm in this stage or an earlier one.
+    if (const auto& w = spec->evaluation ? spec->evaluation->spec.weights : std::string(); !w.empty() && !algorithms_so_far.count(w))
+      all.list.push_back(fmt::format("{}: stage \"{}\": eval.weights = \"{}\", but neither this stage nor an earlier one "
+                                     "has the algorithm \"{}\" that keeps them; add it (algorithms = {{ {} = {{}} }}) or "
+                                     "evaluate the model's own weights",
+                                     all.source, spec->name, w, w, w));
   }
 }
 }  // namespace
@@ -271,6 +290,9 @@ bool check_stage_tables(const toml::table& root, const std::string& source, Prob
       auto name = Reader{p, fmt::format("stages[{}].", i)}.string(t->get("name"), "name");
       if (!name) {
         if (!t->get("name")) p.add(t, fmt::format("stages[{}].name: required (a stage is identified by its name)", i));
+      } else if (name->empty()) {
+        p.add(t->get("name"), fmt::format("stages[{}].name: empty; a stage is identified by its name (in checkpoints, "
+                                          "metrics and resume)", i));
       } else if (detail::contains(names, *name)) {
         p.add(t->get("name"), fmt::format("stages[{}].name: \"{}\" is used by an earlier stage; names must be unique", i, *name));
       } else {
@@ -323,6 +345,7 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
                                       const std::vector<std::string>& overrides, const Registry& registry) {
   auto doc = std::make_shared<Document>();
   doc->source = source;
+  if (std::error_code ec; std::filesystem::is_regular_file(source, ec)) doc->base_dir = std::filesystem::path(source).parent_path();
   doc->registry = registry;
   try {
     doc->root = toml::parse(text, source);

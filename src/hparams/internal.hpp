@@ -8,6 +8,7 @@
 //   curriculum.cpp   the document, Curriculum, parse_curriculum / load_curriculum
 #include <cstdint>
 #include <functional>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,6 +94,7 @@ void apply_overrides(toml::table& root, const std::vector<std::string>& override
 /// The parsed file and what every builder shares.
 struct Document {
   std::string source;
+  std::filesystem::path base_dir;  // the file's directory: relative data paths start there
   toml::table root;
   Registry registry;
   RunConfig run;

@@ -35,6 +35,46 @@ std::string run_name(const std::string& config) {
   return "";
 }
 
+/// One metrics line of `run`'s file, added to its series and stage summaries.
+void add_line(Run& run, const json& j) {
+  const std::string event = j["event"];
+  const std::string stage_name = j.value("stage", "");
+  if (stage_name.empty()) return;  // a line of another tool: ignored
+  auto& st = run.stage(stage_name);
+  const double sample = j.value("sample", 0.0);
+  if (event == "stage_start") {
+    if (!st.start) st.start = j;
+    ++st.starts;
+  } else if (event == "stage_end") {
+    st.end = j;
+  } else if (event == "train") {
+    if (!st.trained) {
+      st.first_sample = sample;
+      st.first_epoch = j.value("epoch", std::int64_t{0});
+      st.first_batch = j.value("batch", std::int64_t{0});
+    }
+    st.trained = true;
+    st.last_sample = sample;
+    st.last_epoch = j.value("epoch", std::int64_t{0});
+    st.last_batch = j.value("batch", std::int64_t{0});
+    if (j.contains("loss") && j["loss"].is_number()) {
+      st.last_loss = j["loss"];
+      append(run.loss, {sample, j["loss"], stage_name});
+    }
+    if (j.contains("lr") && j["lr"].is_number()) append(run.lr, {sample, j["lr"], stage_name});
+    if (j.contains("samples_per_s") && j["samples_per_s"].is_number())
+      append(run.throughput, {sample, j["samples_per_s"], stage_name});
+  } else if (event == "eval") {
+    const std::string set = j.value("set", "");
+    for (const auto& [key, v] : j.items()) {
+      if (!v.is_number() || key == "epoch" || key == "batch" || key == "sample") continue;
+      const std::string metric = set.empty() ? key : set + "/" + key;
+      append(run.eval[metric], {sample, v, stage_name});
+      st.final_eval[metric] = v;
+    }
+  }
+}
+
 Expected<Run> read_run(const fs::path& given) {
   Run run;
   run.dir = given;
@@ -63,42 +103,7 @@ Expected<Run> read_run(const fs::path& given) {
       return fail(ErrorCode::data, fmt::format("{}:{}: not a metrics line (a JSON object with \"event\"): {:.80}",
                                                metrics.string(), line_no, line));
     }
-    const std::string event = j["event"];
-    const std::string stage_name = j.value("stage", "");
-    if (stage_name.empty()) continue;  // a line of another tool: ignored
-    auto& st = run.stage(stage_name);
-    const double sample = j.value("sample", 0.0);
-    if (event == "stage_start") {
-      if (!st.start) st.start = j;
-      ++st.starts;
-    } else if (event == "stage_end") {
-      st.end = j;
-    } else if (event == "train") {
-      if (!st.trained) {
-        st.first_sample = sample;
-        st.first_epoch = j.value("epoch", std::int64_t{0});
-        st.first_batch = j.value("batch", std::int64_t{0});
-      }
-      st.trained = true;
-      st.last_sample = sample;
-      st.last_epoch = j.value("epoch", std::int64_t{0});
-      st.last_batch = j.value("batch", std::int64_t{0});
-      if (j.contains("loss") && j["loss"].is_number()) {
-        st.last_loss = j["loss"];
-        append(run.loss, {sample, j["loss"], stage_name});
-      }
-      if (j.contains("lr") && j["lr"].is_number()) append(run.lr, {sample, j["lr"], stage_name});
-      if (j.contains("samples_per_s") && j["samples_per_s"].is_number())
-        append(run.throughput, {sample, j["samples_per_s"], stage_name});
-    } else if (event == "eval") {
-      const std::string set = j.value("set", "");
-      for (const auto& [key, v] : j.items()) {
-        if (!v.is_number() || key == "epoch" || key == "batch" || key == "sample") continue;
-        const std::string metric = set.empty() ? key : set + "/" + key;
-        append(run.eval[metric], {sample, v, stage_name});
-        st.final_eval[metric] = v;
-      }
-    }
+    add_line(run, j);
   }
   if (run.loss.empty())
     return fail(ErrorCode::data, fmt::format("{}: no training lines (event \"train\") yet, so nothing to plot; "

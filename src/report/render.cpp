@@ -73,6 +73,15 @@ double nice_step(double range, int n) {
   return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * mag;
 }
 
+/// A y tick's label: as many decimals as the step needs, so neighbours never read the same
+/// (0.9985 | 0.9990, not 0.998 | 0.999 | 0.999); large values as compact() writes them.
+std::string tick_label(double y, double step) {
+  if (std::abs(y) < step * 1e-6) return "0";
+  if (step >= 1 || std::abs(y) >= 1e3) return compact(y);
+  const int decimals = std::clamp(static_cast<int>(std::ceil(-std::log10(step) - 1e-9)), 0, 12);
+  return fmt::format("{:.{}f}", y, decimals);
+}
+
 std::string plot(const std::string& id, const std::string& title, const std::string& caption,
                  const std::vector<Series>& series, const std::vector<Boundary>& bounds, double xmax) {
   constexpr double W = 760, H = 250, L = 64, R = 16, T = 8, B = 40;
@@ -101,7 +110,7 @@ std::string plot(const std::string& id, const std::string& title, const std::str
   for (double y = std::ceil(ymin / ystep) * ystep; y <= ymax; y += ystep)
     svg += fmt::format("<line class=\"grid\" x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>"
                        "<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n",
-                       L, W - R, py(y), py(y), L - 6, py(y) + 4, compact(std::abs(y) < ystep * 1e-6 ? 0 : y));
+                       L, W - R, py(y), py(y), L - 6, py(y) + 4, tick_label(y, ystep));
   for (double x = 0; x <= xmax * (1 + 1e-9); x += xstep)
     svg += fmt::format("<line class=\"grid\" x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\"/>"
                        "<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n",
@@ -310,8 +319,9 @@ std::vector<double> smooth(const std::vector<double>& values, double weight) {
   return out;
 }
 
-Expected<std::string> render(const std::vector<fs::path>& run_dirs) {
-  if (run_dirs.empty()) return fail(ErrorCode::invalid_argument, "baton report: give at least one run directory");
+/// The runs of `run_dirs`, each labelled (its directory's name, numbered when two are the same)
+/// and given its colour.
+Expected<std::vector<Run>> load_runs(const std::vector<fs::path>& run_dirs) {
   std::vector<Run> runs;
   std::map<std::string, int> seen_labels;
   for (const auto& d : run_dirs) {
@@ -325,6 +335,14 @@ Expected<std::string> render(const std::vector<fs::path>& run_dirs) {
     r->color = kColors[runs.size() % kColors.size()];
     runs.push_back(std::move(*r));
   }
+  return runs;
+}
+
+Expected<std::string> render(const std::vector<fs::path>& run_dirs) {
+  if (run_dirs.empty()) return fail(ErrorCode::invalid_argument, "baton report: give at least one run directory");
+  auto loaded = load_runs(run_dirs);
+  if (!loaded) return tl::unexpected(loaded.error());
+  const std::vector<Run>& runs = *loaded;
   const bool overlay = runs.size() > 1;
   auto named = [&](const Run& r, const std::string& what) { return overlay ? r.label + ": " + what : what; };
   double xmax = 0;

@@ -14,15 +14,30 @@ namespace baton::detail {
 namespace fs = std::filesystem;
 
 namespace {
-/// Lines of one text not in the other, for "the config changed" messages.
+/// The key lines of a TOML text, each with the table it is in ("run", "stages[1]",
+/// "stages[1].optimizer"), so that the same line in two stages is two lines.
+std::vector<std::string> keyed_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string table;
+  int stage = -1;
+  for (std::string l; std::getline(ss, l);) {
+    if (l.empty() || l[0] == '#') continue;
+    if (l.rfind("[[stages]]", 0) == 0) {
+      table = fmt::format("stages[{}]", ++stage);
+    } else if (l[0] == '[') {
+      const std::string name = l.substr(1, l.find(']') - 1);
+      table = name.rfind("stages.", 0) == 0 && stage >= 0 ? fmt::format("stages[{}]{}", stage, name.substr(6)) : name;
+    } else {
+      out.push_back(table.empty() ? l : table + ": " + l);
+    }
+  }
+  return out;
+}
+
+/// Lines of one configuration not in the other, with their tables, for "the config changed".
 std::string config_diff(const std::string& before, const std::string& after) {
-  auto lines = [](const std::string& t) {
-    std::vector<std::string> v;
-    std::stringstream ss(t);
-    for (std::string l; std::getline(ss, l);) v.push_back(l);
-    return v;
-  };
-  const auto a = lines(before), b = lines(after);
+  const auto a = keyed_lines(before), b = keyed_lines(after);
   std::string out;
   for (const auto& l : a)
     if (std::find(b.begin(), b.end(), l) == b.end()) out += "  - " + l + "\n";
