@@ -212,7 +212,9 @@ void check_watched_metrics(const Impl& b, const TrainingSpec& spec, Problems& p)
   const auto* n = b.get("callbacks");
   const auto* t = n ? n->as_table() : nullptr;
   if (!t) return;
-  const std::pair<const char*, const char*> watchers[] = {{"early_stopping", "test/loss"}, {"threshold_stop", "test/accuracy"}};
+  // The metrics they watch when the file names none: the options' own defaults.
+  const std::pair<const char*, std::string> watchers[] = {{"early_stopping", callbacks::EarlyStoppingOptions{}.metric},
+                                                         {"threshold_stop", callbacks::ThresholdOptions{}.metric}};
   for (const auto& [cb, default_metric] : watchers) {
     const auto* opts = (*t)[cb].as_table();
     if (!opts) continue;
