@@ -336,11 +336,6 @@ std::shared_ptr<Logger> console(std::shared_ptr<Progress> progress) { return std
 // ------------------------------------------------------------------ progress display
 namespace baton {
 
-std::string duration_text(double seconds) {
-  const auto s = static_cast<long>(std::max(0.0, seconds) + 0.5);
-  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60) : fmt::format("{}:{:02}", s / 60, s % 60);
-}
-
 Progress::Progress(std::FILE* out) : Progress(out, ::isatty(::fileno(out)) == 1) {}
 
 int Progress::terminal_columns() const {

@@ -1,4 +1,5 @@
 // Values without LibTorch work: Error, Time, TrainingSpec, optimizer options, losses.
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -76,9 +77,13 @@ std::string_view unit_suffix(TimeUnit unit) noexcept {
   return "?";
 }
 
+std::string duration_text(double seconds) {
+  const auto s = static_cast<long>(std::max(0.0, seconds) + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60) : fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
 Expected<Time> Time::parse(std::string_view text) {
-  Time t;
-  if (detail::parse_time(text, t)) return t;
+  if (const auto t = try_parse(text)) return *t;
   // Say precisely what is wrong.
   std::string why;
   std::size_t i = 0;

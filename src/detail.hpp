@@ -113,6 +113,9 @@ constexpr std::uint64_t splitmix64(std::uint64_t& x) {
   return z ^ (z >> 31);
 }
 
+}  // namespace baton::detail
+
+namespace baton {
 /// The data order of one epoch, cached in the state (immutable, shared between copies).
 struct OrderCache {
   std::uint64_t seed = 0;
@@ -121,5 +124,4 @@ struct OrderCache {
   bool shuffle = true;
   torch::Tensor order;
 };
-
-}  // namespace baton::detail
+}  // namespace baton

@@ -111,9 +111,6 @@ std::shared_ptr<Logger> console(std::shared_ptr<Progress> progress);
 
 namespace baton {
 
-/// "m:ss" below an hour, "h:mm:ss" above.
-std::string duration_text(double seconds);
-
 /// The terminal progress display of `baton run`, for any program: on a terminal a bar redrawn in
 /// place ("[stage] epoch 2 [#####.....]  41%  8123 sp/s loss 0.4312 ETA 0:21"); elsewhere (a pipe,
 /// a log file) a plain line at every ~10% of the stage. The bar's line fits the terminal's width

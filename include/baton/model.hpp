@@ -28,13 +28,6 @@ struct Model {
 /// Makes a fresh Model. Must build the same architecture every time.
 using ModelFactory = std::function<Model()>;
 
-namespace detail {
-template <class M>
-std::shared_ptr<typename M::ContainedType> module_ptr(M&& holder) { return holder.ptr(); }
-template <class T>
-std::shared_ptr<T> module_ptr(std::shared_ptr<T> p) { return p; }
-}  // namespace detail
-
 /// Wraps a callable returning a module holder (`torch::nn::Sequential`, `torch::nn::Linear`,
 /// a `TORCH_MODULE` of your own) or a `std::shared_ptr<YourModule>` into a `ModelFactory`.
 ///
@@ -44,7 +37,11 @@ std::shared_ptr<T> module_ptr(std::shared_ptr<T> p) { return p; }
 template <class F>
 ModelFactory model_factory(F make) {
   return [make = std::move(make)]() -> Model {
-    auto ptr = detail::module_ptr(make());
+    auto made = make();
+    auto ptr = [&] {
+      if constexpr (requires { made.ptr(); }) return made.ptr();  // a ModuleHolder
+      else return std::move(made);                               // a std::shared_ptr<Module>
+    }();
     std::shared_ptr<torch::nn::Module> base = ptr;
     return Model{std::move(base), [p = std::move(ptr)](const torch::Tensor& x) { return p->forward(x); }};
   };

@@ -51,7 +51,8 @@ struct StageRecord {
   std::int64_t skipped_batches = 0;  ///< batches consumed without an update (non-finite policy "skip")
 };
 
-namespace detail { struct OrderCache; }
+/// The data order of the current epoch, cached inside a state (opaque: defined in the library).
+struct OrderCache;
 
 /// The whole state of a run. Fields are public, as in Flax's TrainState: read them freely;
 /// baton's functions return new states rather than changing yours.
@@ -88,7 +89,7 @@ struct TrainState {
 
   /// Cached data order of the current epoch: derived from (seed, epoch), shared between copies
   /// because it is immutable. Not part of the state's value.
-  std::shared_ptr<const detail::OrderCache> order_cache;
+  std::shared_ptr<const OrderCache> order_cache;
 };
 
 /// Options of a new run.

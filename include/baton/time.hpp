@@ -4,6 +4,7 @@
 /// "0.25dur" (a fraction of the run's max duration), and the Timestamp of a training run.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -30,6 +31,8 @@ struct Time {
 
   /// Parses "<number><unit>". Errors quote the input and list the valid units.
   static Expected<Time> parse(std::string_view text);
+  /// The same rule without a message, usable at compile time: nullopt for any malformed text.
+  static constexpr std::optional<Time> try_parse(std::string_view text) noexcept;
 
   static constexpr Time epochs(std::int64_t n) { return {static_cast<double>(n), TimeUnit::epoch}; }
   static constexpr Time batches(std::int64_t n) { return {static_cast<double>(n), TimeUnit::batch}; }
@@ -65,10 +68,8 @@ struct Timestamp {
   [[nodiscard]] std::string to_string() const;  ///< "epoch 1, batch 700 (sample 89600) ..."
 };
 
-namespace detail {
-/// Shared by `Time::parse` and the compile-time literal: returns false on any malformed input.
-constexpr bool parse_time(std::string_view s, Time& out) {
-  if (s.empty()) return false;
+constexpr std::optional<Time> Time::try_parse(std::string_view s) noexcept {
+  if (s.empty()) return std::nullopt;
   std::size_t i = 0;
   std::uint64_t int_part = 0, frac = 0, frac_scale = 1;
   bool digits = false, dot = false;
@@ -77,11 +78,11 @@ constexpr bool parse_time(std::string_view s, Time& out) {
     if (c >= '0' && c <= '9') {
       digits = true;
       if (dot) {
-        if (frac_scale >= 1000000000000000ULL) return false;  // > 15 decimals
+        if (frac_scale >= 1000000000000000ULL) return std::nullopt;  // > 15 decimals
         frac = frac * 10 + static_cast<std::uint64_t>(c - '0');
         frac_scale *= 10;
       } else {
-        if (int_part > 100000000000000ULL) return false;      // beyond exact doubles
+        if (int_part > 100000000000000ULL) return std::nullopt;      // beyond exact doubles
         int_part = int_part * 10 + static_cast<std::uint64_t>(c - '0');
       }
     } else if (c == '.' && !dot) {
@@ -90,30 +91,31 @@ constexpr bool parse_time(std::string_view s, Time& out) {
       break;
     }
   }
-  if (!digits) return false;
+  if (!digits) return std::nullopt;
   const std::string_view suffix = s.substr(i);
   TimeUnit unit{};
   if (suffix == "ep") unit = TimeUnit::epoch;
   else if (suffix == "ba") unit = TimeUnit::batch;
   else if (suffix == "sp") unit = TimeUnit::sample;
   else if (suffix == "dur") unit = TimeUnit::duration;
-  else return false;
+  else return std::nullopt;
   // One correctly rounded division of two exact integers: equals strtod's result.
   const double value = static_cast<double>(int_part) +
                        static_cast<double>(frac) / static_cast<double>(frac_scale);
-  if (unit != TimeUnit::duration && frac != 0) return false;  // "1.5ba": counts are integers
-  if (unit == TimeUnit::duration && value > 1.0) return false;
-  out = Time{value, unit};
-  return true;
+  if (unit != TimeUnit::duration && frac != 0) return std::nullopt;  // "1.5ba": counts are integers
+  if (unit == TimeUnit::duration && value > 1.0) return std::nullopt;
+  return Time{value, unit};
 }
-}  // namespace detail
+
+/// Wall-clock seconds as "m:ss" below an hour, "h:mm:ss" above (ETAs, the report's stage times).
+std::string duration_text(double seconds);
 
 namespace literals {
 /// `"3ep"_t`: a Time checked at compile time (a malformed literal does not compile).
 consteval Time operator""_t(const char* s, std::size_t n) {
-  Time t{};
-  if (!detail::parse_time(std::string_view(s, n), t)) throw "invalid baton time literal";
-  return t;
+  const auto t = Time::try_parse(std::string_view(s, n));
+  if (!t) throw "invalid baton time literal";
+  return *t;
 }
 }  // namespace literals
 

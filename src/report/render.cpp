@@ -7,6 +7,7 @@
 // this file does in a few hundred lines. Each series is one <polyline> carrying data-series and
 // data-points, so a browser test counts the points the browser actually parsed.
 #include "baton/report.hpp"
+#include "baton/time.hpp"
 #include "io.hpp"
 #include "report/internal.hpp"
 
@@ -44,12 +45,6 @@ std::string escape(const std::string& s) {
     }
   }
   return out;
-}
-
-std::string duration_text(double seconds) {
-  const auto s = static_cast<long>(seconds + 0.5);
-  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
-                   : fmt::format("{}:{:02}", s / 60, s % 60);
 }
 
 
