@@ -1,0 +1,23 @@
+# The installed headers are the API: they must not name baton's internals (`detail::`,
+# `namespace detail`), which users would otherwise see, spell and come to depend on.
+# Usage: cmake -DINCLUDE_DIR=<repo>/include -P public_headers.cmake
+file(GLOB_RECURSE headers "${INCLUDE_DIR}/*.hpp")
+list(LENGTH headers count)
+if(count EQUAL 0)
+  message(FATAL_ERROR "no headers found under ${INCLUDE_DIR}")
+endif()
+set(found "")
+foreach(h IN LISTS headers)
+  file(STRINGS "${h}" lines)
+  set(n 0)
+  foreach(line IN LISTS lines)
+    math(EXPR n "${n} + 1")
+    if(line MATCHES "detail::|namespace +detail")
+      string(APPEND found "\n  ${h}:${n}: ${line}")
+    endif()
+  endforeach()
+endforeach()
+if(NOT found STREQUAL "")
+  message(FATAL_ERROR "public headers name internals:${found}")
+endif()
+message(STATUS "${count} public headers, none names detail::")
