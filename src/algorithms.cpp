@@ -1,8 +1,6 @@
 // Training algorithms: pure transforms at the loop's event points (include/baton/algorithms.hpp).
 #include "baton/algorithms.hpp"
 
-#include <fnmatch.h>
-
 #include <cmath>
 
 #include <fmt/format.h>
@@ -49,10 +47,6 @@ torch::Tensor widen(const AlgorithmContext&, const torch::Tensor& output, torch:
   if (targets.is_floating_point() && targets.dim() == 2 && output.dim() == 2 && targets.size(1) < output.size(1))
     return torch::constant_pad_nd(targets, {0, output.size(1) - targets.size(1)}, 0);
   return targets;
-}
-
-bool matches(const std::string& pattern, const std::string& name) {
-  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
 }
 
 /// Collects what is wrong with an algorithm's options (reported by TrainingSpec::validate).
@@ -269,7 +263,7 @@ Algorithm layer_freezing(std::vector<FreezeRule> rules) {
     for (const auto& r : rules) {
       if (ctx.stage_progress < r.at) continue;
       for (const auto& [name, p] : params)
-        if (matches(r.pattern, name)) const_cast<torch::Tensor&>(p).mutable_grad().reset();
+        if (detail::matches(r.pattern, name)) const_cast<torch::Tensor&>(p).mutable_grad().reset();
     }
   };
   return check.done(std::move(a));

@@ -113,6 +113,13 @@ constexpr std::uint64_t splitmix64(std::uint64_t& x) {
   return z ^ (z >> 31);
 }
 
+/// Does the glob `pattern` match the parameter name `name` (fnmatch without flags: `*` matches dots
+/// too)? One rule for freeze, optimizer groups, fresh patterns and gradient rules.
+bool matches(const std::string& pattern, const std::string& name);
+
+/// Prints runtime_note() on stderr, once per process (the first fit calls it).
+void note_runtime_once();
+
 }  // namespace baton::detail
 
 namespace baton {

@@ -3,7 +3,9 @@
 #include <malloc.h>
 #include <sched.h>
 
+#include <atomic>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include <ATen/Parallel.h>
@@ -14,6 +16,9 @@
 #include "baton/runtime.hpp"
 
 namespace baton {
+namespace {
+std::atomic<bool> g_configured{false};  // set once configure_runtime succeeded
+}  // namespace
 
 int available_cores() {
   cpu_set_t set;
@@ -79,8 +84,27 @@ Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options) {
   }
   RuntimeReport r = inspect_runtime();
   r.malloc_tuned = tuned;
+  g_configured = true;
   return r;
 }
+
+std::optional<std::string> runtime_note() {
+  const int threads = at::get_num_threads(), cores = available_cores();
+  if (g_configured || threads >= cores) return std::nullopt;
+  return fmt::format("baton: note: LibTorch runs on {} intra-op thread{} of the {} cores this process may use, and "
+                     "OpenBLAS and malloc are untuned; call baton::configure_runtime() once at start (runtime.hpp; "
+                     "configure_runtime({{.threads = {}}}) keeps this thread count and silences this note)",
+                     threads, threads == 1 ? "" : "s", cores, threads);
+}
+
+namespace detail {
+void note_runtime_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (auto note = runtime_note()) fmt::print(stderr, "{}\n", *note);
+  });
+}
+}  // namespace detail
 
 std::string RuntimeReport::to_string() const {
   return fmt::format("runtime: {} intra-op threads, BLAS {} ({}{}), malloc {}", threads,

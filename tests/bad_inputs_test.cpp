@@ -98,7 +98,8 @@ Outcome run_in(const fs::path& cwd, const std::string& args) {
 std::vector<std::string> partial_files(const fs::path& work, const std::set<fs::path>& inputs) {
   std::vector<std::string> bad;
   for (const auto& e : fs::recursive_directory_iterator(work)) {
-    if (!e.is_regular_file() || inputs.count(e.path())) continue;
+    std::error_code ec;
+    if (!e.is_regular_file(ec) || inputs.count(e.path())) continue;
     const auto name = e.path().filename().string();
     if (name.find(".tmp") != std::string::npos) bad.push_back(e.path().string() + " (a temporary file)");
     if (e.path().extension() == ".baton")
@@ -119,7 +120,8 @@ std::string render_doc(const std::vector<Case>& cases) {
       "# Bad inputs: what baton says and how it exits\n\n"
       "<!-- Generated from tests/bad_inputs/ by scripts/bad-inputs-doc.sh; do not edit by hand. -->\n\n"
       "Every row is a test case (`baton_tests \"[bad_inputs]\"`): baton is run as written in *command*\n"
-      "in a scratch copy of the case's directory and must exit with the code shown, print a message\n"
+      "in a scratch copy of the case's directory (after the case's `setup` command, where it has one:\n"
+      "symlink loops, FIFOs and directories cannot be kept in git) and must exit with the code shown, print a message\n"
       "containing the text shown, end normally (no signal, no sanitizer report, within 120 s), and leave\n"
       "no partial file behind (no temporary files of atomic writes). `{shared}` is\n"
       "`tests/bad_inputs/_shared/`.\n\n"
@@ -157,6 +159,10 @@ TEST_CASE("every case of the bad-input catalog: its exit code and message, no cr
         if (e.path().extension() == ".toml") std::ofstream(to, std::ios::binary) << expand(read_text(e.path()), work);
         else fs::copy(e.path(), to, fs::copy_options::recursive);
       }
+      // `setup:` makes what a directory of files cannot hold (symlink loops, FIFOs, directories
+      // where baton writes files), by a shell command run in the scratch directory.
+      if (const auto setup = c.fields.find("setup"); setup != c.fields.end())
+        REQUIRE(std::system(fmt::format("cd '{}' && {}", work.string(), setup->second).c_str()) == 0);
       std::set<fs::path> inputs;
       for (const auto& e : fs::recursive_directory_iterator(work)) inputs.insert(e.path());
       const auto args = expand(c.at("args"), work);

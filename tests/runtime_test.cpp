@@ -29,3 +29,12 @@ TEST_CASE("configure_runtime sets threads from the real core count and reports i
   CHECK(at::get_num_threads() == 1);
   at::set_num_threads(before);
 }
+
+TEST_CASE("after configure_runtime, whatever its thread count, fit has no runtime note to print", "[runtime]") {
+  // (The note itself, in a process that never configures: tests/consumer/check.cmake.)
+  const int before = at::get_num_threads();
+  REQUIRE(baton::configure_runtime({.threads = 1}));
+  CHECK(at::get_num_threads() == 1);
+  CHECK_FALSE(baton::runtime_note().has_value());
+  at::set_num_threads(before);
+}

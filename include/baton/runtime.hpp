@@ -11,8 +11,11 @@
 /// if (rt) std::cout << rt->to_string() << '\n';
 /// ```
 ///
-/// These are process-wide settings: baton never makes this call on its own.
+/// These are process-wide settings: baton never makes this call on its own. A process that never
+/// makes it and whose LibTorch runs on fewer threads than its cores gets one note on stderr at its
+/// first `fit` (runtime_note()), so a slow run is never silent about why.
 
+#include <optional>
 #include <string>
 
 #include "baton/error.hpp"
@@ -48,5 +51,10 @@ RuntimeReport inspect_runtime();
 std::string numerics_environment();
 /// Applies `options`; an error (code runtime) if OpenBLAS is required and absent.
 Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options = {});
+
+/// The note the first `fit` of a process prints on stderr when configure_runtime() was never
+/// called (successfully) and LibTorch runs on fewer intra-op threads than available_cores();
+/// nothing otherwise. Calling configure_runtime, with any thread count, silences it.
+std::optional<std::string> runtime_note();
 
 }  // namespace baton

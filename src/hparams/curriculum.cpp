@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
 #include "detail.hpp"
 #include "io.hpp"
+#include "train/carry.hpp"
 #include "train/horizon.hpp"
 #include "suggest.hpp"
 #include "internal.hpp"
@@ -139,10 +141,39 @@ Expected<TrainState> Curriculum::init() const {
 }
 
 namespace {
+/// The parameters a stage's patterns (freeze, optimizer groups) are checked against: one instance of
+/// each model the curriculum trains, built once (an instance costs its weights' initialisation).
+class ModelsSeen {
+ public:
+  ModelsSeen(Expected<ModelFactory> base, std::uint64_t seed) : base_(std::move(base)), seed_(seed) {}
+  /// The stage's model (its own factory if it replaces the model), or null where none can be built
+  /// (that problem is reported elsewhere).
+  const torch::nn::Module* of(const TrainingSpec& spec, Problems& all) {
+    const bool own = static_cast<bool>(spec.model.factory);
+    if (!own && !base_) return nullptr;
+    auto [it, fresh] = built_.try_emplace(own ? spec.name : std::string());
+    if (fresh) {
+      const ModelFactory& f = own ? spec.model.factory : *base_;
+      auto m = detail::guard([&]() -> Expected<std::shared_ptr<torch::nn::Module>> {
+        return detail::build_model(f, seed_, spec.name).module;
+      });
+      if (!m) all.list.push_back(fmt::format("{}: stage \"{}\": building the model failed: {}", all.source, spec.name, m.error().message));
+      it->second = m ? *m : nullptr;
+    }
+    return it->second.get();
+  }
+
+ private:
+  Expected<ModelFactory> base_;
+  std::uint64_t seed_;
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> built_;  // "": the curriculum's model
+};
+
 /// Builds every stage and its evaluation plan, adding their problems.
 void check_stages(const Curriculum& cur, Problems& all) {
   const auto& run = cur.run();
   std::set<std::string> algorithms_so_far;  // weights an evaluation may ask for (ema, swa)
+  ModelsSeen models(cur.model(), run.seed);
   for (const auto& stage : cur.stages()) {
     auto plan = stage.eval();
     if (!plan) detail::add_unique(all.list, detail::problem_lines(plan.error()));
@@ -151,6 +182,9 @@ void check_stages(const Curriculum& cur, Problems& all) {
       detail::add_unique(all.list, detail::problem_lines(spec.error()));
       continue;
     }
+    if (const auto* m = models.of(*spec, all))
+      if (auto problem = detail::pattern_problem(*spec, *m))
+        all.list.push_back(fmt::format("{}: stage \"{}\": {}", all.source, spec->name, *problem));
     // A stage longer than the whole run can never be trained as written.
     const auto n = spec->data.train.size(), bs = spec->data.batch_size;
     auto batches = [&](Time t) { return detail::batches_in(t, run.max_duration, n, bs, spec->data.drop_last); };

@@ -2,6 +2,7 @@
 // Each entry reads its TOML keys (as Params) and calls the library's C++ function.
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -20,10 +21,33 @@ std::vector<std::int64_t> int_list(const Params& params, const std::string& key)
   return out;
 }
 
+/// Bounds on what a curriculum file may ask for, so that a typo fails at validate with a message
+/// instead of crashing or exhausting memory after the run began: autograd frees a graph by
+/// recursion, and a million-layer MLP overflows the stack doing so.
+constexpr std::size_t kMaxLayers = 10000;
+constexpr double kMaxParameters = 2147483648.0;  // 2^31 float32 weights: 8 GiB before optimizer moments
+
+Expected<void> check_size(double parameters, std::string_view what) {
+  if (parameters <= kMaxParameters) return {};
+  return fail(ErrorCode::invalid_argument,
+              fmt::format("model: {} would have {:.3g} parameters ({:.3g} GiB of float32 weights), more than the "
+                          "limit of {:.3g}; check the sizes",
+                          what, parameters, parameters * 4 / 1073741824.0, kMaxParameters));
+}
+
 Expected<ModelFactory> make_mlp(const Params& p) {
   const auto widths = int_list(p, "widths");
   if (widths.size() < 2 || std::any_of(widths.begin(), widths.end(), [](auto w) { return w < 1; }))
     return fail(ErrorCode::invalid_argument, "model.widths: needs at least two positive integers, e.g. [784, 256, 10]");
+  if (widths.size() - 1 > kMaxLayers)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("model.widths: {} layers is more than {} (each Linear is one; autograd frees a graph "
+                            "by recursion, and a deeper one overflows the stack)",
+                            widths.size() - 1, kMaxLayers));
+  double parameters = 0;
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i)
+    parameters += static_cast<double>(widths[i]) * static_cast<double>(widths[i + 1]) + static_cast<double>(widths[i + 1]);
+  if (auto ok = check_size(parameters, "this mlp"); !ok) return tl::unexpected(ok.error());
   return models::mlp(widths);
 }
 
@@ -43,6 +67,10 @@ Expected<ModelFactory> make_small_cnn(const Params& p) {
     return fail(ErrorCode::invalid_argument, "model: small_cnn needs positive sizes and image_size divisible by 4");
   if (!(o.dropout >= 0 && o.dropout < 1))
     return fail(ErrorCode::invalid_argument, fmt::format("model.dropout: must be in [0, 1), got {}", o.dropout));
+  const double c1 = o.channels1, c2 = o.channels2, side = o.image_size / 4;
+  const double parameters = o.in_channels * c1 * 9 + 2 * c1 + c1 * c2 * 9 + 2 * c2 + c2 * side * side * o.hidden +
+                            o.hidden + static_cast<double>(o.hidden) * o.classes + o.classes;
+  if (auto ok = check_size(parameters, "this small_cnn"); !ok) return tl::unexpected(ok.error());
   return models::small_cnn(o);
 }
 

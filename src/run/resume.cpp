@@ -1,5 +1,6 @@
 // Resuming a run directory and starting it over (internal.hpp).
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -150,9 +151,45 @@ void remove_unfinished_writes(const fs::path& dir) {
     }
 }
 
+namespace {
+/// The files a run writes at the top of its directory.
+constexpr std::array<const char*, 5> kRunFiles = {"metrics.jsonl", "metrics.csv", "final.baton", "report.html", "config.toml"};
+
+std::string_view kind_of(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::block:
+    case fs::file_type::character: return "a device";
+    default: return "not a regular file";
+  }
+}
+}  // namespace
+
+Expected<void> check_run_files(const fs::path& dir) {
+  // Checkpoints, the final state, the config and the report are written by rename, which replaces
+  // any file but a directory; the metrics files are opened to append, which needs a regular file
+  // (a FIFO would block). A non-regular *checkpoint* is otherwise skipped when resuming.
+  std::vector<std::pair<fs::path, bool>> paths;  // (path, appended to)
+  for (const auto& p : list_checkpoints(dir / "checkpoints")) paths.emplace_back(p, false);
+  for (const char* f : kRunFiles) paths.emplace_back(dir / f, std::string_view(f).starts_with("metrics."));
+  for (const auto& [p, appended] : paths) {
+    std::error_code ec;
+    const auto st = fs::status(p, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory && appended)
+      return fail(ErrorCode::io, fmt::format("{}: cannot be opened: {}; baton appends to a file by that name: remove "
+                                             "it or use another run directory (nothing was trained)", p.string(), ec.message()));
+    if (ec || !fs::exists(st) || fs::is_regular_file(st) || (!appended && !fs::is_directory(st))) continue;
+    return fail(ErrorCode::io, fmt::format("{}: is {}, where baton writes a file by that name; move it away or use "
+                                           "another run directory (nothing was trained)", p.string(), kind_of(st.type())));
+  }
+  return {};
+}
+
 void remove_run_files(const fs::path& dir) {
   std::error_code ec;
-  for (const char* f : {"metrics.jsonl", "metrics.csv", "final.baton", "report.html", "config.toml"}) fs::remove(dir / f, ec);
+  for (const char* f : kRunFiles) fs::remove(dir / f, ec);
   for (const auto& p : list_checkpoints(dir / "checkpoints")) fs::remove(p, ec);
   // Unfinished writes of a killed run (`.<name>.tmp-<pid>`) and TensorBoard files of baton's.
   for (const fs::path& sub : {dir, dir / "checkpoints", dir / "tensorboard"})

@@ -100,6 +100,7 @@ class Runner {
       fs::create_directories(o_.dir / "checkpoints", ec);
     }
     detail::remove_unfinished_writes(o_.dir);
+    if (auto ok = detail::check_run_files(o_.dir); !ok) return ok;
     if (o_.progress) progress_ = std::make_shared<Progress>();
     return {};
   }

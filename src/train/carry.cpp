@@ -35,10 +35,8 @@ std::uint64_t stage_seed(std::uint64_t run_seed, std::string_view stage, std::ui
   std::uint64_t x = run_seed ^ stable_hash(stage) ^ (stream * 0xD1B54A32D192ED03ULL);
   return splitmix64(x);
 }
+}  // namespace
 
-
-/// Builds a model with `factory`, seeded from the run's seed and the stage name, leaving the
-/// caller's global generator intact.
 Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_view stage) {
   GlobalRngScope scope(seeded_rng_state(stage_seed(seed, stage, 3)));
   Model m = factory();
@@ -46,6 +44,7 @@ Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_v
   return m;
 }
 
+namespace {
 /// Copies tensors whose name and shape match from `from` into `to`; reports what it did.
 void transfer_tensors(const torch::OrderedDict<std::string, torch::Tensor>& from,
                       const torch::OrderedDict<std::string, torch::Tensor>& to, const std::vector<std::string>& fresh,
@@ -148,45 +147,55 @@ std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s, bool b
   }
   s.optimizer.kind = kind;
   const auto& opt = spec.optimizer;
+  if (auto problem = pattern_problem(spec, *s.model.module)) raise(ErrorCode::invalid_spec, *problem);
   const std::size_t nslots = std::holds_alternative<SgdOptions>(opt.options) || std::holds_alternative<AdagradOptions>(opt.options) ? 1 : 3;
-  std::vector<std::size_t> group_hits(opt.groups.size(), 0), freeze_hits(spec.freeze.size(), 0);
   std::vector<Slot> slots;
   for (const auto& item : s.model.module->named_parameters()) {
     const std::string& name = item.key();
-    bool frozen = false;
-    for (std::size_t f = 0; f < spec.freeze.size(); ++f)
-      if (matches(spec.freeze[f], name)) frozen = true, ++freeze_hits[f];
+    if (std::any_of(spec.freeze.begin(), spec.freeze.end(), [&](const auto& p) { return matches(p, name); })) continue;
     double lr = opt.lr(), wd = opt.weight_decay();
-    for (std::size_t g = 0; g < opt.groups.size(); ++g) {
-      const auto& group = opt.groups[g];
+    for (const auto& group : opt.groups)  // the first group that names the parameter wins
       if (std::any_of(group.patterns.begin(), group.patterns.end(), [&](const auto& p) { return matches(p, name); })) {
-        ++group_hits[g];
         lr = group.lr.value_or(lr), wd = group.weight_decay.value_or(wd);
         break;
       }
-    }
-    if (frozen) continue;
     ParamState& ps = s.optimizer.params[name];
     ps.slots.resize(nslots);
     slots.push_back(Slot{item.value(), &ps, lr, wd});
   }
-  for (std::size_t g = 0; g < opt.groups.size(); ++g)
+  return slots;
+}
+
+std::optional<std::string> pattern_problem(const TrainingSpec& spec, const torch::nn::Module& m) {
+  const auto& groups = spec.optimizer.groups;
+  std::vector<std::size_t> group_hits(groups.size(), 0), freeze_hits(spec.freeze.size(), 0);
+  std::size_t trainable = 0;
+  for (const auto& item : m.named_parameters()) {
+    const std::string& name = item.key();
+    bool frozen = false;
+    for (std::size_t f = 0; f < spec.freeze.size(); ++f)
+      if (matches(spec.freeze[f], name)) frozen = true, ++freeze_hits[f];
+    if (!frozen) ++trainable;
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      if (std::any_of(groups[g].patterns.begin(), groups[g].patterns.end(), [&](const auto& p) { return matches(p, name); })) {
+        ++group_hits[g];
+        break;
+      }
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g)
     if (group_hits[g] == 0)
-      raise(ErrorCode::invalid_spec,
-                    fmt::format("optimizer.groups[{}]: patterns {} match no parameter (the first one wins; "
-                                "an earlier group may take them all); parameters are named like: {}",
-                                g, fmt::join(opt.groups[g].patterns, ", "), some_names(*s.model.module)));
+      return fmt::format("optimizer.groups[{}]: patterns {} match no parameter (the first one wins; "
+                         "an earlier group may take them all); parameters are named like: {}",
+                         g, fmt::join(groups[g].patterns, ", "), some_names(m));
   for (std::size_t f = 0; f < spec.freeze.size(); ++f)
     if (freeze_hits[f] == 0)
-      raise(ErrorCode::invalid_spec,
-                    fmt::format("freeze: pattern \"{}\" matches no parameter; parameters are named like: {}",
-                                spec.freeze[f], some_names(*s.model.module)));
-  if (slots.empty() && !spec.freeze.empty())
-    raise(ErrorCode::invalid_spec,
-          fmt::format("freeze: patterns \"{}\" freeze every parameter, so nothing would train; freeze fewer "
-                      "(parameters are named like: {})",
-                      fmt::join(spec.freeze, "\", \""), some_names(*s.model.module)));
-  return slots;
+      return fmt::format("freeze: pattern \"{}\" matches no parameter; parameters are named like: {}",
+                         spec.freeze[f], some_names(m));
+  if (trainable == 0 && !spec.freeze.empty())
+    return fmt::format("freeze: patterns \"{}\" freeze every parameter, so nothing would train; freeze fewer "
+                       "(parameters are named like: {})",
+                       fmt::join(spec.freeze, "\", \""), some_names(m));
+  return std::nullopt;
 }
 
 FreezeScope::FreezeScope(const TrainingSpec& spec, torch::nn::Module& m) {

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -21,6 +22,10 @@ struct StagePosition {
   Timestamp stage_start;
 };
 StagePosition stage_position(const TrainingSpec& spec, const TrainState& s);
+
+/// Builds a model with `factory`, seeded from the run's seed and the stage name, leaving the
+/// caller's global generator intact; raises if the factory returns no module or no forward.
+Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_view stage);
 
 /// Applies the stage-start carry-over policies when `spec` begins a new stage (a no-op when it
 /// continues one). Returns the transfer report when the weights were transferred.
@@ -51,7 +56,9 @@ class FreezeScope {
   std::vector<torch::Tensor> frozen_;
 };
 
-/// Does the glob `pattern` match the parameter name `name` (`*` matches dots too)?
-bool matches(const std::string& pattern, const std::string& name);
+/// What is wrong with the spec's `freeze` and `optimizer.groups` patterns against the parameters of
+/// `m` (a pattern matching nothing; a freeze leaving nothing to train), or nothing. `fit` raises it;
+/// `Curriculum::validate` reports it before anything trains.
+std::optional<std::string> pattern_problem(const TrainingSpec& spec, const torch::nn::Module& m);
 
 }  // namespace baton::detail

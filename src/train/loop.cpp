@@ -103,6 +103,7 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
              if (auto ok = budget->check(); !ok)
                return fail(ErrorCode::invalid_argument, fmt::format("fit: the budget: {}", ok.error().message));
            if (budget && budget->value == 0) return std::move(s);  // a zero budget changes nothing
+           detail::note_runtime_once();
            return train(spec, std::move(s), budget);
          })
       .map_error(add_context(fmt::format("stage \"{}\"", spec.name)));
