@@ -174,51 +174,71 @@ bool same_callback_state(const std::map<std::string, std::map<std::string, doubl
 }
 }  // namespace
 
-bool bitwise_equal(const TrainState& a, const TrainState& b) {
-  auto same = [](const auto& x, const auto& y) {
-    if (x.size() != y.size()) return false;
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      if (x[i].first != y[i].first) return false;
-      if (x[i].second.defined() != y[i].second.defined()) return false;
-      if (x[i].second.defined() && !torch::equal(x[i].second, y[i].second)) return false;
-    }
-    return true;
-  };
-  if (!(a.time == b.time) || a.optimizer.kind != b.optimizer.kind || a.stage != b.stage ||
-      !(a.stage_start == b.stage_start) || !same_callback_state(a.callback_state, b.callback_state) ||
-      a.seed != b.seed || !(a.max_duration == b.max_duration))
-    return false;
-  if (a.rng.defined() != b.rng.defined() || (a.rng.defined() && !torch::equal(a.rng, b.rng))) return false;
-  if (a.history.size() != b.history.size()) return false;
-  for (std::size_t i = 0; i < a.history.size(); ++i)
-    if (!same_record(a.history[i], b.history[i])) return false;
-  if (a.algorithm_state.size() != b.algorithm_state.size()) return false;
-  for (const auto& [algorithm, ta] : a.algorithm_state) {
-    auto it = b.algorithm_state.find(algorithm);
-    if (it == b.algorithm_state.end() || it->second.size() != ta.size()) return false;
-    for (const auto& [name, x] : ta) {
-      auto jt = it->second.find(name);
-      if (jt == it->second.end()) return false;
-      const auto& y = jt->second;
-      if (x.defined() != y.defined() || (x.defined() && !torch::equal(x, y))) return false;
-    }
+namespace {
+/// How two tensors differ, or nothing when they hold the same bits.
+std::optional<std::string> tensor_difference(const torch::Tensor& x, const torch::Tensor& y) {
+  if (x.defined() != y.defined()) return std::string(x.defined() ? "only in the first state" : "only in the second state");
+  if (!x.defined() || torch::equal(x, y)) return std::nullopt;
+  if (x.sizes() != y.sizes() || x.scalar_type() != y.scalar_type())
+    return fmt::format("{} {} against {} {}", c10::toString(x.scalar_type()), detail::shape_string(x),
+                       c10::toString(y.scalar_type()), detail::shape_string(y));
+  if (!x.is_floating_point()) return std::string("other values");
+  const auto diff = (x.to(torch::kDouble) - y.to(torch::kDouble)).abs();
+  return fmt::format("max |difference| {:.3g} ({} of {} elements differ)", diff.max().item<double>(),
+                     diff.ne(0).sum().item<std::int64_t>(), x.numel());
+}
+
+std::optional<std::string> named_difference(const char* what, const std::vector<std::pair<std::string, torch::Tensor>>& x,
+                                            const std::vector<std::pair<std::string, torch::Tensor>>& y) {
+  if (x.size() != y.size()) return fmt::format("{} {} against {} {}", x.size(), what, y.size(), what);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i].first != y[i].first) return fmt::format("{} \"{}\" against \"{}\"", what, x[i].first, y[i].first);
+    if (auto d = tensor_difference(x[i].second, y[i].second)) return fmt::format("{} \"{}\": {}", what, x[i].first, *d);
   }
-  if (!same(a.named_parameters(), b.named_parameters()) || !same(a.named_buffers(), b.named_buffers()))
-    return false;
-  if (a.optimizer.params.size() != b.optimizer.params.size()) return false;
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<std::string> first_difference(const TrainState& a, const TrainState& b) {
+  if (auto d = named_difference("parameter", a.named_parameters(), b.named_parameters())) return d;
+  if (auto d = named_difference("buffer", a.named_buffers(), b.named_buffers())) return d;
+  if (!(a.time == b.time)) return fmt::format("time: {} against {}", a.time.to_string(), b.time.to_string());
+  if (a.optimizer.kind != b.optimizer.kind) return fmt::format("optimizer kind: \"{}\" against \"{}\"", a.optimizer.kind, b.optimizer.kind);
+  if (a.optimizer.params.size() != b.optimizer.params.size())
+    return fmt::format("optimizer state: {} parameters against {}", a.optimizer.params.size(), b.optimizer.params.size());
   for (const auto& [name, pa] : a.optimizer.params) {
     auto it = b.optimizer.params.find(name);
-    if (it == b.optimizer.params.end() || it->second.step != pa.step ||
-        it->second.slots.size() != pa.slots.size())
-      return false;
-    for (std::size_t i = 0; i < pa.slots.size(); ++i) {
-      const auto& x = pa.slots[i];
-      const auto& y = it->second.slots[i];
-      if (x.defined() != y.defined() || (x.defined() && !torch::equal(x, y))) return false;
+    if (it == b.optimizer.params.end()) return fmt::format("optimizer state of \"{}\": only in the first state", name);
+    if (it->second.step != pa.step) return fmt::format("optimizer steps of \"{}\": {} against {}", name, pa.step, it->second.step);
+    if (it->second.slots.size() != pa.slots.size()) return fmt::format("optimizer slots of \"{}\": {} against {}", name, pa.slots.size(), it->second.slots.size());
+    for (std::size_t i = 0; i < pa.slots.size(); ++i)
+      if (auto d = tensor_difference(pa.slots[i], it->second.slots[i])) return fmt::format("optimizer slot {} of \"{}\": {}", i, name, *d);
+  }
+  if (auto d = tensor_difference(a.rng, b.rng)) return "the RNG state: " + *d;
+  if (a.stage != b.stage) return fmt::format("stage: \"{}\" against \"{}\"", a.stage, b.stage);
+  if (!(a.stage_start == b.stage_start)) return fmt::format("stage start: {} against {}", a.stage_start.to_string(), b.stage_start.to_string());
+  if (a.seed != b.seed) return fmt::format("seed: {} against {}", a.seed, b.seed);
+  if (!(a.max_duration == b.max_duration)) return fmt::format("max duration: {} against {}", a.max_duration.to_string(), b.max_duration.to_string());
+  if (a.history.size() != b.history.size()) return fmt::format("history: {} records against {}", a.history.size(), b.history.size());
+  for (std::size_t i = 0; i < a.history.size(); ++i)
+    if (!same_record(a.history[i], b.history[i])) return fmt::format("history record {} (stage \"{}\")", i, a.history[i].name);
+  if (a.algorithm_state.size() != b.algorithm_state.size())
+    return fmt::format("algorithm state: {} algorithms against {}", a.algorithm_state.size(), b.algorithm_state.size());
+  for (const auto& [algorithm, ta] : a.algorithm_state) {
+    auto it = b.algorithm_state.find(algorithm);
+    if (it == b.algorithm_state.end() || it->second.size() != ta.size())
+      return fmt::format("algorithm state of \"{}\": other tensors", algorithm);
+    for (const auto& [name, x] : ta) {
+      auto jt = it->second.find(name);
+      if (jt == it->second.end()) return fmt::format("algorithm state \"{}\" / \"{}\": only in the first state", algorithm, name);
+      if (auto d = tensor_difference(x, jt->second)) return fmt::format("algorithm state \"{}\" / \"{}\": {}", algorithm, name, *d);
     }
   }
-  return true;
+  if (!same_callback_state(a.callback_state, b.callback_state)) return std::string("callback state");
+  return std::nullopt;
 }
+
+bool bitwise_equal(const TrainState& a, const TrainState& b) { return !first_difference(a, b).has_value(); }
 
 std::string TransferReport::to_string() const {
   return fmt::format("copied {} tensors, initialized {} ({}), skipped {} ({})", copied.size(), initialized.size(),

@@ -19,6 +19,8 @@
 
 #include <baton/checkpoint.hpp>
 
+#include <baton/testing_catch.hpp>
+
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -230,6 +232,9 @@ TEST_CASE("three save/load/resume cycles with Adam and gradient accumulation equ
   CHECK(slots[0].defined());
   CHECK_FALSE(slots[2].defined());
   CHECK(s.optimizer.params.at("0.weight").step == 64);
+  // The same property through baton::testing, mid-epoch and at an epoch boundary.
+  CHECK(baton::testing::resume_invariant(c, test::new_state(), Time::batches(45)));
+  CHECK(baton::testing::resume_invariant(c, test::new_state(), Time::epochs(1)));
 }
 
 TEST_CASE("the header is readable without the model and holds the caller's metadata", "[checkpoint]") {

@@ -1,5 +1,7 @@
 #include <csignal>
 
+#include <baton/testing_catch.hpp>
+
 #include "helpers.hpp"
 
 using baton::Time;
@@ -53,6 +55,10 @@ TEST_CASE("splitting a run into several fits gives the same bits", "[fit][proper
     REQUIRE(s.history.size() == 1);  // one stage, split into six fits
     CHECK(s.history[0].end == whole.history[0].end);
     CHECK(s.history[0].last_loss == whole.history[0].last_loss);
+  }
+  SECTION("baton::testing::split_invariant, cuts of each unit") {
+    CHECK(baton::testing::split_invariant(stage, test::new_state(),
+                                          {Time::batches(7), Time::samples(500), Time::epochs(1), Time::fraction(0.25)}));
   }
 }
 

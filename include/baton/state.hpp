@@ -110,4 +110,9 @@ Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& 
 /// resume invariance.
 bool bitwise_equal(const TrainState& a, const TrainState& b);
 
+/// What `bitwise_equal` finds first that differs, for a message: `parameter "1.weight": max
+/// |difference| 2.98e-08 (3 of 64 elements differ)`, `time: ... against ...`, `the RNG state: ...`.
+/// Parameters and buffers are compared first, in module order. Nothing when the states are equal.
+std::optional<std::string> first_difference(const TrainState& a, const TrainState& b);
+
 }  // namespace baton

@@ -1,4 +1,5 @@
 #include <baton/baton.hpp>
+#include <baton/testing.hpp>
 #include <iostream>
 #include <torch/torch.h>
 
@@ -13,6 +14,10 @@ int main() {
   // Two fits (one epoch each): the runtime note, if any, is printed once per process.
   auto done = baton::fit(spec, std::move(*state), "1ep"_t).and_then([&](baton::TrainState s) { return baton::fit(spec, std::move(s)); });
   if (!done) { std::cerr << done.error() << '\n'; return 1; }
+  // The installed baton::testing links and runs.
+  const auto check = baton::testing::gradients_flow(spec, *done, baton::testing::first_batch(spec));
+  std::cout << check << '\n';
+  if (!check) return 1;
   std::cout << "consumer ok: batch " << done->time.batch << '\n';
   return done->time.batch == 8 ? 0 : 1;
 }
