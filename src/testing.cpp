@@ -51,14 +51,15 @@ Expected<TrainState> fit_in_pieces(const TrainingSpec& spec, TrainState s, const
   return fit(spec, std::move(s));
 }
 
-/// The loss of `batch` through a copy of the state's model (train or evaluation mode), with the
-/// state's RNG as fit would use it; `grad`: keep the graph and run backward.
+/// The output and loss of `batch` through a copy of the state's model, in training or evaluation
+/// mode, drawing from the state's RNG as fit would (the graph is kept for a backward pass).
 struct Forward {
   TrainState copy;
   torch::Tensor output, loss;
 };
 Forward forward(const TrainingSpec& spec, const TrainState& state, const Batch& batch, bool training) {
   Forward f{state, {}, {}};
+  if (!spec.device.is_cpu()) f.copy.model.module->to(spec.device);
   f.copy.model.module->train(training);
   detail::GlobalRngScope rng(f.copy.rng);
   f.output = f.copy.model.forward(batch.inputs.to(spec.device));
@@ -93,6 +94,7 @@ class TempDir {
 
 Batch first_batch(const TrainingSpec& spec, std::int64_t size) {
   const std::int64_t n = size > 0 ? size : std::max<std::int64_t>(spec.data.batch_size, 1);
+  if (spec.data.train.size() == 0) return {};  // the checks then say the batch is empty
   const Dataset head = spec.data.train.head(n);
   return Batch{head.inputs, head.targets};
 }

@@ -466,6 +466,16 @@ TEST_CASE("checkpoints from the spec: intervals, stage end, interruption -- resu
     std::sort(kept.begin(), kept.end());
     REQUIRE(kept == std::vector<std::string>{"ckpt-0000000006.baton", "ckpt-0000000007.baton", "ckpt-0000000008-end.baton"});
   }
+  SECTION("an interval on the stage's last batch writes nothing, even without a stage-end checkpoint") {
+    // There the state is not yet the stage's end (EMA's stage end, evaluation follow): a resume
+    // from it could not reproduce that end (a run directory writes its own stage-end file).
+    TempDir d4;
+    test::ok(baton::fit(spec.with_checkpoints({.dir = d4.path, .every = baton::Time::batches(4), .at_stage_end = false}),
+                        test::new_state()));
+    std::vector<std::string> written;
+    for (const auto& e : fs::directory_iterator(d4.path)) written.push_back(e.path().filename().string());
+    REQUIRE(written == std::vector<std::string>{"ckpt-0000000004.baton"});
+  }
   SECTION("on interruption") {
     TempDir d3;
     auto flag = std::make_shared<std::atomic<bool>>(false);

@@ -89,7 +89,9 @@ struct EvalSchedule {
 
 /// Checkpoints a fit writes by itself: files `ckpt-<batch, 10 digits>.baton` in `dir` at intervals
 /// from the stage's start, `ckpt-<batch>-end.baton` when the stage ends, and one when the fit
-/// is interrupted (stop flag or signal). Writes are atomic (see checkpoint.hpp). A failed
+/// is interrupted (stop flag or signal). An interval that falls on the stage's last batch writes
+/// nothing: the state there is not yet the stage's end (stage-end algorithms and evaluation
+/// follow), so only the stage-end checkpoint (or the returned state) holds that point. Writes are atomic (see checkpoint.hpp). A failed
 /// write is an error of the fit (the state in memory is lost to the caller only if the caller
 /// did not keep it: fit takes its state by value).
 struct CheckpointPolicy {

@@ -98,8 +98,10 @@ void Observers::after_batch(const Timestamp& before, bool epoch_ended) {
                         intervals_done(*every, before, s_.stage_start, course_.n, s_.max_duration);
   };
   if (spec_.evaluation && crossed(spec_.evaluation->every) && !(at_end && spec_.evaluation->at_stage_end)) evaluate();
-  if (!spec_.checkpoints.dir.empty() && crossed(spec_.checkpoints.every) && !(at_end && spec_.checkpoints.at_stage_end))
-    write_checkpoint(false);
+  // Never an interval checkpoint at the stage's last batch: the state there is not yet the stage's
+  // end (stage-end algorithms and evaluation follow), so a resume from it could not reproduce that
+  // end. The stage-end checkpoint (this policy's, or the run directory's) is that point's.
+  if (!spec_.checkpoints.dir.empty() && crossed(spec_.checkpoints.every) && !at_end) write_checkpoint(false);
 }
 
 void Observers::finish() {
