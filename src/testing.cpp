@@ -168,7 +168,6 @@ Check gradients_flow(const TrainingSpec& spec, const TrainState& state, const Ba
 
 Check deterministic(const TrainingSpec& spec, const TrainState& state, std::optional<Time> budget) {
   return guarded("deterministic", [&] {
-    const std::vector<Time> cuts = budget ? std::vector<Time>{*budget} : std::vector<Time>{};
     auto once = [&]() -> Expected<TrainState> { return budget ? fit(spec, state, *budget) : fit(spec, state); };
     auto a = once();
     if (!a) return failed("deterministic: the first fit failed: " + error_text(a.error()));
