@@ -57,6 +57,7 @@
 
 #include <baton/baton.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <torch/torch.h>
 
 namespace {

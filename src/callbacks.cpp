@@ -16,6 +16,7 @@
 #include <ostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 

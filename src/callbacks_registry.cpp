@@ -3,6 +3,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 
 #include "baton/callbacks.hpp"
 #include "params_reader.hpp"

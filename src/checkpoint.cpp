@@ -15,6 +15,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 #include <torch/torch.h>

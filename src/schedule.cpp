@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 
 #include "baton/schedule.hpp"
 #include "params_reader.hpp"

@@ -14,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 
 namespace baton::cli {
 namespace {

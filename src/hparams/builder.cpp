@@ -2,6 +2,7 @@
 // stage's own table, earlier stages, [defaults]), built into a TrainingSpec with every problem
 // of the stage at once.
 #include <algorithm>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <cmath>
 #include <sstream>
 

@@ -1,6 +1,7 @@
 // Curriculum: the parsed document (run settings, model, datasets, stages), checked all at once,
 // with its resolved form and fingerprint; parse_curriculum and load_curriculum.
 #include <algorithm>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <cerrno>
 #include <cmath>
 #include <cstring>

@@ -1,6 +1,7 @@
 // TOML plumbing of the curriculum reader: problems placed at file:line:column, typed reads of
 // single values, TOML values as by-name parameters, and `--set path=value` overrides.
 #include <algorithm>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <sstream>
 
 #include "suggest.hpp"

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <nlohmann/json.hpp>
 
 namespace baton::report {

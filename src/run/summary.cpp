@@ -1,5 +1,6 @@
 // The run's summary table and the default description of a chain of stages (run.hpp).
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <torch/torch.h>
 
 #include "baton/callbacks.hpp"
