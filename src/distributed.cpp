@@ -61,6 +61,8 @@ struct Distributed::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   mutable DistStats stats;
+  std::vector<c10::intrusive_ptr<c10d::Work>> in_flight;  // start_all_reduce's, until finished
+  std::optional<SteadyClock::time_point> first_start;
 
   /// Waits for every work; the first failure becomes an Error that says which rank, what and
   /// what usually causes it.
@@ -119,7 +121,39 @@ Expected<void> Distributed::all_reduce(const std::vector<at::Tensor>& tensors, O
   }
   auto ok = impl_->wait_all(works, "all-reduce", what);
   impl_->stats.allreduce_calls += static_cast<std::int64_t>(tensors.size());
-  impl_->stats.allreduce_seconds += std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  const double seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  impl_->stats.allreduce_seconds += seconds;
+  impl_->stats.allreduce_wait_seconds += seconds;
+  return ok;
+}
+
+Expected<void> Distributed::start_all_reduce(const at::Tensor& tensor, Op op, const std::string& what) const {
+  if (!impl_->first_start) impl_->first_start = SteadyClock::now();
+  c10d::AllreduceOptions o;
+  o.reduceOp = op == Op::sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+  o.timeout = impl_->options.timeout;
+  try {
+    std::vector<at::Tensor> one{tensor};
+    impl_->in_flight.push_back(impl_->group->allreduce(one, o));
+  } catch (const std::exception& e) {
+    return tl::unexpected(dist_error(fmt::format("distributed: rank {}: the all-reduce of {} could not start: {}",
+                                                 rank(), what, first_line(e))));
+  }
+  impl_->stats.allreduce_bytes += static_cast<std::int64_t>(tensor.numel() * tensor.element_size());
+  impl_->stats.allreduce_calls += 1;
+  return {};
+}
+
+Expected<void> Distributed::finish_all_reduces(const std::string& what) const {
+  if (impl_->in_flight.empty()) return {};
+  const auto t0 = SteadyClock::now();
+  auto works = std::move(impl_->in_flight);
+  impl_->in_flight.clear();
+  auto ok = impl_->wait_all(works, "all-reduce", what);
+  const auto t1 = SteadyClock::now();
+  impl_->stats.allreduce_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
+  impl_->stats.allreduce_seconds += std::chrono::duration<double>(t1 - *impl_->first_start).count();
+  impl_->first_start.reset();
   return ok;
 }
 

@@ -55,6 +55,9 @@ struct DistStats {
   std::int64_t allreduce_calls = 0;   ///< all-reduce operations (one per bucket)
   std::int64_t allreduce_bytes = 0;   ///< bytes of this rank's buffers all-reduced
   double allreduce_seconds = 0;       ///< wall time from the first launch to the last wait
+  /// Of that, the time spent blocked waiting (for all_reduce: all of it; for start/finish: only
+  /// finish_all_reduces, so what overlapped with other work is not counted).
+  double allreduce_wait_seconds = 0;
   std::int64_t broadcast_calls = 0;
   double broadcast_seconds = 0;
 };
@@ -89,6 +92,13 @@ class Distributed {
   /// The tensors' all-reduces are launched together and then waited for. `what` names the
   /// operation in errors ("gradients at batch 12").
   [[nodiscard]] Expected<void> all_reduce(const std::vector<at::Tensor>& tensors, Op op, const std::string& what) const;
+  /// Launches the all-reduce of `tensor` (contiguous, CPU) and returns at once, so that other
+  /// work (the rest of backward) overlaps it; `finish_all_reduces` waits for every one started.
+  /// Do not read or write the tensor in between. As every collective, the calls must come in
+  /// the same order on every rank.
+  [[nodiscard]] Expected<void> start_all_reduce(const at::Tensor& tensor, Op op, const std::string& what) const;
+  /// Waits for the all-reduces started since the last call (nothing when none was).
+  [[nodiscard]] Expected<void> finish_all_reduces(const std::string& what) const;
   /// Overwrites each tensor (contiguous) with rank `root`'s.
   [[nodiscard]] Expected<void> broadcast(const std::vector<at::Tensor>& tensors, int root, const std::string& what) const;
   /// Waits until every rank has arrived.

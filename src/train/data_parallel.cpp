@@ -2,6 +2,7 @@
 #include "train/data_parallel.hpp"
 
 #include <map>
+#include <utility>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -46,9 +47,6 @@ std::vector<torch::Tensor> buffers_of(const torch::nn::Module& m) {
 }
 
 
-/// Largest bucket of gradients in one all-reduce (PyTorch DDP's default, 25 MiB).
-constexpr std::int64_t kBucketBytes = 25LL << 20;
-
 }  // namespace
 
 void DataParallel::start(TrainState& s, std::int64_t n, std::int64_t bs, std::uint64_t data_seed) {
@@ -87,47 +85,112 @@ void DataParallel::finish() {
   if (group_) broadcast_from_rank0(*group_, buffers_, "the final buffers");
 }
 
+void DataParallel::plan_buckets(const std::vector<Slot>& slots) {
+  // In reverse parameter order, the order backward produces gradients in; one dtype per bucket.
+  buckets_.clear();
+  bucket_of_.assign(slots.size(), 0);
+  for (std::size_t k = slots.size(); k-- > 0;) {
+    const auto& p = slots[k].param;
+    const std::int64_t size = p.numel() * static_cast<std::int64_t>(p.element_size());
+    if (buckets_.empty() || buckets_.back().type != p.scalar_type() ||
+        (!buckets_.back().members.empty() && buckets_.back().bytes + size > kBucketBytes))
+      buckets_.push_back(Bucket{p.scalar_type()});
+    buckets_.back().members.push_back(k);
+    buckets_.back().bytes += size;
+    bucket_of_[k] = buckets_.size() - 1;
+  }
+}
+
+void DataParallel::arm(std::vector<Slot>& slots) {
+  if (!group_) return;
+  if (bucket_of_.size() != slots.size()) plan_buckets(slots);
+  slots_ = &slots;
+  grads_.assign(slots.size(), torch::Tensor());
+  has_grad_.assign(slots.size(), false);
+  for (auto& b : buckets_) b.ready = 0, b.launched = false;
+  next_ = 0;
+  hooks_.clear();
+  for (std::size_t k = 0; k < slots.size(); ++k) {
+    if (!slots[k].param.requires_grad()) {  // backward gives it nothing: its place is ready now
+      ++buckets_[bucket_of_[k]].ready;
+      hooks_.push_back(kNoHook);
+      continue;
+    }
+    hooks_.push_back(slots[k].param.register_hook([this, k](const torch::Tensor& g) { on_gradient(k, g); }));
+  }
+}
+
+void DataParallel::on_gradient(std::size_t k, const torch::Tensor& g) {
+  // The gradient this backward adds, plus what earlier microbatches accumulated.
+  const auto& held = (*slots_)[k].param.grad();
+  grads_[k] = held.defined() ? held + g : g;
+  ++buckets_[bucket_of_[k]].ready;
+  // Buckets go out in order, so that every rank issues the same collectives in the same order.
+  while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].members.size()) launch(next_++);
+}
+
+void DataParallel::launch(std::size_t b) {
+  torch::NoGradGuard no_grad;
+  Bucket& bucket = buckets_[b];
+  std::vector<torch::Tensor> parts;
+  for (const std::size_t k : bucket.members) {
+    const auto& p = (*slots_)[k].param;
+    torch::Tensor g = grads_[k].defined() ? grads_[k] : p.grad();  // not armed: after backward
+    has_grad_[k] = g.defined();
+    parts.push_back(g.defined() ? g.reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+  }
+  bucket.flat = torch::cat(parts);
+  bucket.launched = true;
+  if (auto ok = group_->start_all_reduce(bucket.flat, Distributed::Op::sum, what_); !ok && !failed_) failed_ = ok.error();
+}
+
+void DataParallel::disarm() {
+  if (!slots_) return;
+  for (std::size_t k = 0; k < hooks_.size(); ++k)
+    if (hooks_[k] != kNoHook) (*slots_)[k].param.remove_hook(hooks_[k]);
+  hooks_.clear();
+}
+
+DataParallel::~DataParallel() {
+  try {
+    disarm();
+  } catch (...) {  // unwinding: the state is not returned
+  }
+}
+
 std::pair<double, bool> DataParallel::reduce(std::vector<Slot>& slots, double weighted_loss, bool non_finite) {
   if (!group_) return {weighted_loss, non_finite};
   torch::NoGradGuard no_grad;
+  disarm();
+  if (bucket_of_.size() != slots.size()) plan_buckets(slots);
+  if (slots_ != &slots) {  // not armed this step (no backward here: an empty shard or a non-finite loss)
+    slots_ = &slots;
+    grads_.assign(slots.size(), torch::Tensor());
+    has_grad_.assign(slots.size(), false);
+    for (auto& b : buckets_) b.launched = false;
+    next_ = 0;
+  }
+  while (next_ < buckets_.size()) launch(next_++);  // the rest (unused parameters, ...)
   const std::size_t n = slots.size();
   auto meta = torch::zeros({static_cast<std::int64_t>(n) + 3}, torch::kDouble);
   double* m = meta.data_ptr<double>();
   m[0] = weighted_loss, m[1] = non_finite ? 1 : 0, m[2] = stop_requested_ ? 1 : 0;
-  std::vector<torch::Tensor> buckets;
-  std::vector<std::pair<std::size_t, std::size_t>> ranges;
-  for (std::size_t i = 0; i < n;) {
-    const auto type = slots[i].param.scalar_type();
-    std::int64_t bytes = 0;
-    std::vector<torch::Tensor> parts;
-    std::size_t j = i;
-    for (; j < n && slots[j].param.scalar_type() == type; ++j) {
-      const auto& p = slots[j].param;
-      const std::int64_t size = p.numel() * static_cast<std::int64_t>(p.element_size());
-      if (j > i && bytes + size > kBucketBytes) break;
-      bytes += size;
-      if (p.grad().defined()) {
-        m[3 + j] = 1;
-        parts.push_back(p.grad().reshape({-1}));
-      } else {
-        parts.push_back(torch::zeros({p.numel()}, p.options()));
-      }
-    }
-    buckets.push_back(torch::cat(parts));
-    ranges.emplace_back(i, j);
-    i = j;
-  }
-  buckets.push_back(meta);
-  dist_check(group_->all_reduce(buckets, Distributed::Op::sum, what_));
-  for (std::size_t b = 0; b < ranges.size(); ++b) {
+  for (std::size_t k = 0; k < n; ++k) m[3 + k] = has_grad_[k] ? 1 : 0;
+  if (auto ok = group_->start_all_reduce(meta, Distributed::Op::sum, what_); !ok && !failed_) failed_ = ok.error();
+  auto done = group_->finish_all_reduces(what_);
+  if (failed_) throw BatonException(*std::exchange(failed_, std::nullopt));
+  dist_check(std::move(done));
+  for (const Bucket& bucket : buckets_) {
     std::int64_t offset = 0;
-    for (std::size_t k = ranges[b].first; k < ranges[b].second; ++k) {
+    for (const std::size_t k : bucket.members) {
       auto& p = slots[k].param;
-      if (m[3 + k] > 0) p.mutable_grad() = buckets[b].narrow(0, offset, p.numel()).view_as(p);
+      if (m[3 + k] > 0) p.mutable_grad() = bucket.flat.narrow(0, offset, p.numel()).view_as(p);
       else p.mutable_grad().reset();  // no rank has a gradient for it (unused): as in one process
       offset += p.numel();
     }
   }
+  slots_ = nullptr;
+  grads_.clear();
   stop_agreed_ = m[2] > 0;
   return {m[0], m[1] > 0};
 }

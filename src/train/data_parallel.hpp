@@ -3,6 +3,7 @@
 // the loop calls it at four points (start, batch, after backward, end) and pays nothing more.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,9 @@ namespace baton::detail {
 class DataParallel {
  public:
   explicit DataParallel(const Distributed* group) : group_(group) {}
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
 
   [[nodiscard]] bool active() const { return group_ != nullptr; }
   [[nodiscard]] int rank() const { return group_ ? group_->rank() : 0; }
@@ -35,6 +39,11 @@ class DataParallel {
   /// This rank's share of the step's global batch: its loss is scaled by it (1 without a group).
   [[nodiscard]] double weight() const { return weight_; }
 
+  /// Before the backward of a step's last microbatch: each bucket of gradients is all-reduced
+  /// as soon as backward has produced all of its gradients (autograd hooks), overlapping the
+  /// rest of backward, as PyTorch DDP does. `reduce` then waits and installs the sums.
+  void arm(std::vector<Slot>& slots);
+
   /// Sums the ranks' weighted gradients (the gradient of the global batch's mean loss) in
   /// buckets, with the loss and the non-finite and stop flags. Returns the global loss and
   /// whether some rank's loss was not finite. Without a group: the arguments unchanged.
@@ -47,7 +56,32 @@ class DataParallel {
   void finish();
 
  private:
+  /// Largest bucket of one all-reduce. DDP's default is 25 MiB with a first bucket of 1 MiB; small
+  /// models (small_cnn's gradients are 1.7 MB) need small buckets to overlap at all.
+  static constexpr std::int64_t kBucketBytes = 1LL << 20;
+  struct Bucket {
+    c10::ScalarType type;
+    std::vector<std::size_t> members{};  // slot indices, in the order backward produces them
+    std::int64_t bytes = 0;
+    std::size_t ready = 0;
+    bool launched = false;
+    torch::Tensor flat{};
+  };
+  void plan_buckets(const std::vector<Slot>& slots);
+  void on_gradient(std::size_t k, const torch::Tensor& g);
+  void launch(std::size_t bucket);
+  void disarm();
+
   const Distributed* group_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;
+  std::vector<Slot>* slots_ = nullptr;  // armed for this step
+  std::vector<torch::Tensor> grads_;    // per slot: its gradient as backward produced it
+  static constexpr unsigned kNoHook = ~0u;
+  std::vector<unsigned> hooks_;            // per slot: its hook, or kNoHook
+  std::vector<bool> has_grad_;
+  std::size_t next_ = 0;                // the next bucket to launch
+  std::optional<Error> failed_;
   std::vector<torch::Tensor> buffers_;
   double weight_ = 1.0;
   bool stop_requested_ = false, stop_agreed_ = false;

@@ -50,7 +50,7 @@ torch::Tensor microbatch_loss(const TrainingSpec& spec, TrainState& s, const tor
 /// Returns the batch's loss (this rank's weighted share under data parallel); a non-finite
 /// loss returns at once with the gradients dropped.
 StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
-                            Hooks* hooks, const AlgorithmContext& actx, const DataParallel& dp) {
+                            Hooks* hooks, const AlgorithmContext& actx, DataParallel& dp) {
   const std::int64_t total = batch.inputs.size(0);  // data parallel: this rank's shard, maybe empty
   const std::int64_t k = std::min<std::int64_t>(std::max<std::int64_t>(spec.grad_accum, 1), std::max<std::int64_t>(total, 1));
   const std::int64_t micro = (total + k - 1) / k;
@@ -68,6 +68,7 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
       return {value, 0.0, true, fmt::format("loss \"{}\" is {}", spec.loss.name, value)};
     }
     if (hooks) hooks->fire(Event::after_loss);
+    if (start + size >= total) dp.arm(slots);  // the last backward: gradients all-reduced as they come
     if (whole && !dp.active()) {
       batch_loss = value;
       loss.backward();
