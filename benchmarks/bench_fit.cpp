@@ -9,6 +9,8 @@
 // case:
 //
 //   <case> baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y> peak_rss_mb=<z>
+//   cnn_channels_last ... speedup=<x/y>   baton's default layout for images (channels_last)
+//   cnn_bf16 ... speedup=<x/y>            channels_last with bf16 autocast
 //   many_fits baton_1000_fits_s=<a> baton_one_fit_s=<b> ratio=<a/b>        (target: <= 1.10)
 //   naive_cnn baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y>
 //
@@ -26,7 +28,13 @@
 // far (both sides and the dataset). Cases run in ascending memory order (tiny, mlp, many_fits,
 // cnn) so that each figure is close to that case's own peak; `--case NAME` isolates one case.
 //
-// Usage: bench_fit [--smoke] [--case cnn|mlp|tiny|many_fits|naive_cnn] [--reps N] [--batches N]
+// `cnn` runs baton in the hand-written loop's layout (contiguous NCHW, fp32): its ratio is
+// baton's overhead. `cnn_channels_last` and `cnn_bf16` run baton with those settings against the
+// same fp32 NCHW hand-written loop: their speedup is what the setting buys a user.
+//
+// Usage: bench_fit [--smoke] [--case NAME] [--reps N] [--batches N] [--device cpu|cuda]
+//   --device    where both sides train (the data stays on the CPU and batches are copied over,
+//               as in baton); CUDA needs a CUDA LibTorch
 //   --smoke     every case with very few batches (< 30 s in all; used as a ctest)
 //   --reps N    timed repetitions per side (default 5; smoke 1)
 //   --batches N batches per timed repetition (overrides the case's default; many_fits: fits)
@@ -48,6 +56,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -68,6 +77,11 @@ constexpr std::uint64_t kSeed = 42;
 constexpr double kLr = 0.05;
 constexpr double kMomentum = 0.9;
 constexpr std::int64_t kMaxBatches = 1'000'000'000;  // init_state's max: never the limit here
+c10::Device g_device(c10::kCPU);  // --device: both sides train there (the data stays on the CPU)
+
+void sync_device() {
+  if (g_device.is_cuda()) torch::cuda::synchronize();
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -102,17 +116,18 @@ struct Options {
   std::string only_case;               // empty: every case
   std::optional<int> reps;             // default: 5 (smoke: 1)
   std::optional<std::int64_t> batches;  // default: per case
+  std::string device = "cpu";          // --device cpu|cuda
 };
 
 void usage(std::FILE* f) {
   fmt::print(f,
-             "usage: bench_fit [--smoke] [--case cnn|mlp|tiny|many_fits|naive_cnn] [--reps N] "
-             "[--batches N]\n");
+             "usage: bench_fit [--smoke] [--case cnn|cnn_channels_last|cnn_bf16|mlp|tiny|many_fits|naive_cnn] "
+             "[--reps N] [--batches N] [--device cpu|cuda]\n");
 }
 
 std::optional<Options> parse_args(int argc, char** argv) {
   Options o;
-  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn"};
+  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16"};
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::optional<std::string> {
@@ -134,7 +149,7 @@ std::optional<Options> parse_args(int argc, char** argv) {
     } else if (a == "--case") {
       const auto v = value();
       if (!v || std::find(known.begin(), known.end(), *v) == known.end()) {
-        fmt::print(stderr, "bench_fit: --case needs one of cnn, mlp, tiny, many_fits, naive_cnn\n");
+        fmt::print(stderr, "bench_fit: --case needs one of {}\n", fmt::join(known, ", "));
         return std::nullopt;
       }
       o.only_case = *v;
@@ -146,6 +161,13 @@ std::optional<Options> parse_args(int argc, char** argv) {
       const auto n = positive(a);
       if (!n) return std::nullopt;
       o.batches = *n;
+    } else if (a == "--device") {
+      const auto v = value();
+      if (!v || (*v != "cpu" && *v != "cuda")) {
+        fmt::print(stderr, "bench_fit: --device needs cpu or cuda\n");
+        return std::nullopt;
+      }
+      o.device = *v;
     } else if (a == "--baton-cnn") {  // hidden: one side of naive_cnn
       o.mode = Mode::baton_cnn;
     } else if (a == "--naive-handwritten-cnn") {  // hidden: the other side of naive_cnn
@@ -195,6 +217,7 @@ baton::TrainingSpec make_spec(const std::string& name, const baton::Dataset& dat
   spec.optimizer = baton::optim::sgd({.lr = kLr, .momentum = kMomentum});
   spec.duration = baton::Time::fraction(1.0);  // one stage for the whole run: fits take budgets
   spec.data_seed = kSeed;  // the same order as the hand-written side: epoch_order(n, kSeed, epoch)
+  spec.device = g_device;
   return spec;
 }
 
@@ -217,6 +240,7 @@ class BatonSide {
     auto r = baton::fit(spec_, std::move(state_), baton::Time::batches(steps));
     if (!r) die("fit", r.error());
     state_ = std::move(*r);
+    sync_device();
     const double secs = seconds_since(t0);
     return {state_.time.sample - before, secs};
   }
@@ -240,6 +264,7 @@ class Handwritten {
         batch_(batch),
         optimizer_(model_.module->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum)) {
     model_.module->train(true);
+    model_.module->to(g_device);
   }
 
   /// Trains `steps` batches; returns {samples, seconds}.
@@ -255,8 +280,9 @@ class Handwritten {
       if (!order_.defined()) order_ = baton::data::epoch_order(n_, kSeed, epoch_);
       const std::int64_t take = std::min(batch_, n_ - pos_);
       const auto idx = order_.narrow(0, pos_, take);
-      const auto x = inputs_.index_select(0, idx);
-      const auto y = targets_.index_select(0, idx);
+      auto x = inputs_.index_select(0, idx);
+      auto y = targets_.index_select(0, idx);
+      if (g_device.is_cuda()) x = x.to(g_device, true), y = y.to(g_device, true);
       const auto out = model_.forward(x);
       const auto loss = torch::nn::functional::cross_entropy(out, y);
       optimizer_.zero_grad();
@@ -265,6 +291,7 @@ class Handwritten {
       pos_ += take;
       seen += take;
     }
+    sync_device();
     return {seen, seconds_since(t0)};
   }
 
@@ -300,6 +327,10 @@ struct PairCase {
   std::int64_t batch;
   std::int64_t batches;  // per timed repetition (full run)
   std::int64_t smoke_batches;
+  /// baton's settings for this case (the hand-written side is always fp32 NCHW).
+  std::function<baton::TrainingSpec(baton::TrainingSpec)> tune = {};
+  /// The line says speedup= (what baton's setting buys) instead of ratio= (baton's overhead).
+  bool speedup = false;
 };
 
 struct Settings {
@@ -318,7 +349,9 @@ void run_pair_case(const PairCase& c, const baton::Dataset& data, const Settings
   const std::int64_t steps = batches_for(c, s);
   baton::TrainState state = fresh_state(c.factory);
   baton::TrainState copy = state;  // deep copy: the hand-written side starts from the same weights
-  BatonSide bat(make_spec(c.name, data, c.batch), std::move(state));
+  baton::TrainingSpec spec = make_spec(c.name, data, c.batch);
+  if (c.tune) spec = c.tune(std::move(spec));
+  BatonSide bat(std::move(spec), std::move(state));
   Handwritten hand(std::move(copy.model), data, c.batch);
 
   bat.train(s.warmup);
@@ -331,8 +364,8 @@ void run_pair_case(const PairCase& c, const baton::Dataset& data, const Settings
     hand_sps.push_back(static_cast<double>(hn) / ht);
   }
   const double x = median(bat_sps), y = median(hand_sps);
-  fmt::print("{} baton_samples_per_s={:.1f} handwritten_samples_per_s={:.1f} ratio={:.3f} peak_rss_mb={:.1f}\n",
-             c.name, x, y, x / y, peak_rss_mb());
+  fmt::print("{} baton_samples_per_s={:.1f} handwritten_samples_per_s={:.1f} {}={:.3f} peak_rss_mb={:.1f}\n",
+             c.name, x, y, c.speedup ? "speedup" : "ratio", x / y, peak_rss_mb());
   fmt::print("#   {}: batch {}, {} warm-up + {} x {} timed batches per side; per-rep samples/s baton [{:.1f}] "
              "handwritten [{:.1f}]; max |param diff| after equal steps = {:.3g}\n",
              c.name, c.batch, s.warmup, s.reps, steps, fmt::join(bat_sps, ", "), fmt::join(hand_sps, ", "),
@@ -523,6 +556,11 @@ int main(int argc, char** argv) {
       .batches = opts->batches,
   };
   if (opts->mode != Mode::main) return run_cnn_child(opts->mode, settings);
+  g_device = c10::Device(opts->device);
+  if (g_device.is_cuda() && !torch::cuda::is_available()) {
+    fmt::print(stderr, "bench_fit: --device cuda, but this LibTorch has no CUDA device\n");
+    return 2;
+  }
 
   // The same process settings for both sides of every in-process ratio.
   auto rt = baton::configure_runtime();
@@ -550,7 +588,18 @@ int main(int argc, char** argv) {
   for (const auto& c : cases)
     if (wanted(c.name)) run_pair_case(c, data, settings);
   if (wanted("many_fits")) run_many_fits(data, settings);
-  if (wanted("cnn")) run_pair_case({"cnn", baton::models::small_cnn(), kCnnBatch, 100, 3}, data, settings);
+  // cnn: the same layout as the hand-written loop (baton's overhead); the other two: what baton's
+  // default layout (channels_last for images) and bf16 autocast buy against that loop.
+  const auto with = [](baton::Precision p, baton::MemoryFormat f) {
+    return [p, f](baton::TrainingSpec sp) { return sp.with_precision(p).with_memory_format(f); };
+  };
+  const std::vector<PairCase> cnn_cases = {
+      {"cnn", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::fp32, baton::MemoryFormat::contiguous), false},
+      {"cnn_channels_last", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::fp32, baton::MemoryFormat::automatic), true},
+      {"cnn_bf16", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::bf16, baton::MemoryFormat::automatic), true},
+  };
+  for (const auto& c : cnn_cases)
+    if (wanted(c.name)) run_pair_case(c, data, settings);
   bool ok = true;
   if (wanted("naive_cnn")) ok = run_naive_cnn(settings);
   return ok ? 0 : 1;

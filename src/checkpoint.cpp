@@ -217,7 +217,9 @@ Expected<void> save_checkpoint(const TrainState& state, const fs::path& path, co
     std::uint64_t data_size = 0;
     for (const auto& e : entries) data_size += byte_size(e.tensor);
     std::string head(kMagic);
-    put(head, checkpoint_format_version);
+    // The oldest version that holds the state: readers of version 2 keep reading every run that
+    // does not scale its loss.
+    put(head, state.loss_scale ? checkpoint_format_version : std::uint32_t{2});
     put(head, static_cast<std::uint64_t>(header.size()));
     head += header;
     put(head, data_size);
@@ -273,6 +275,7 @@ Expected<TrainState> load_checkpoint(const fs::path& path, const ModelFactory& f
     s.max_duration = h.info.max_duration;
     s.history = std::move(h.history);
     s.callback_state = std::move(h.callback_state);
+    s.loss_scale = h.loss_scale;
     return s;
   });
 }

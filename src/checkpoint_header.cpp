@@ -172,7 +172,7 @@ std::string encode_header(const TrainState& s, const CheckpointMeta& meta, const
     }
     tensors.push_back(std::move(d));
   }
-  const json header = {
+  json header = {
       {"meta", {{"run_name", meta.run_name}, {"config_fingerprint", meta.config_fingerprint},
                 {"stage_index", meta.stage_index}, {"extra", meta.extra}}},
       {"time", to_json(s.time)},
@@ -186,6 +186,9 @@ std::string encode_header(const TrainState& s, const CheckpointMeta& meta, const
       {"tensors", std::move(tensors)},
       {"callback_state", callback_json(s.callback_state)},
   };
+  if (s.loss_scale)
+    header["loss_scale"] = {{"scale", s.loss_scale->scale}, {"growth_tracker", s.loss_scale->growth_tracker},
+                            {"skipped", s.loss_scale->skipped}};
   try {
     return header.dump(1);
   } catch (const json::exception& e) {  // e.g. a stage name that is not UTF-8
@@ -228,6 +231,14 @@ Header decode_header(const json& h, std::uint32_t version, const fs::path& path)
         auto& kept = out.callback_state[cb];  // a stateless callback's empty entry too
         for (const auto& [key, value] : values.items()) kept[key] = real_of(value);
       }
+    if (version >= 3 && h.contains("loss_scale")) {
+      const json& l = h.at("loss_scale");
+      out.loss_scale = LossScaleState{l.at("scale").get<double>(), l.at("growth_tracker").get<std::int64_t>(),
+                                      l.at("skipped").get<std::int64_t>()};
+      if (!(out.loss_scale->scale > 0) || !std::isfinite(out.loss_scale->scale) || out.loss_scale->growth_tracker < 0 ||
+          out.loss_scale->skipped < 0)
+        throw std::invalid_argument("loss_scale: the scale must be finite and > 0, the counters >= 0");
+    }
     check_sense(out, h);
     return out;
   });

@@ -63,6 +63,7 @@ struct Header {
   std::vector<StageRecord> history;
   OptimizerState optimizer;  // steps and slot counts; the slot tensors come from the data section
   std::map<std::string, std::map<std::string, double>> callback_state;  // version 2
+  std::optional<LossScaleState> loss_scale;  // version 3
 };
 
 /// The header of a file of format `version`: a data error naming the field when one is missing,

@@ -1,6 +1,7 @@
 // Values without LibTorch work: Error, Time, TrainingSpec, optimizer options, losses.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -344,6 +345,10 @@ BATON_WITH(with_loggers, loggers, std::vector<std::shared_ptr<Logger>>)
 BATON_WITH(with_evaluation, evaluation, std::optional<EvalSchedule>)
 BATON_WITH(with_checkpoints, checkpoints, CheckpointPolicy)
 BATON_WITH(with_non_finite, on_non_finite, NonFinite)
+BATON_WITH(with_precision, precision, Precision)
+BATON_WITH(with_memory_format, memory_format, MemoryFormat)
+BATON_WITH(with_loss_scaling, loss_scaling, std::optional<LossScaling>)
+BATON_WITH(with_deterministic, deterministic, bool)
 BATON_WITH(with_distributed, distributed, std::shared_ptr<const Distributed>)
 #undef BATON_WITH
 
@@ -406,6 +411,25 @@ Expected<void> TrainingSpec::validate() const {
     note(problems, "device: CUDA requested but this LibTorch has no CUDA device; use CPU");
   if (!device.is_cpu() && !device.is_cuda())
     problems.push_back(fmt::format("device: {} is not supported; use cpu or cuda", device.str()));
+  if (precision == Precision::fp16 && !device.is_cuda())
+    problems.push_back("precision: fp16 needs a CUDA device (autocast on CPU has bf16 only); use bf16");
+  if (deterministic && device.is_cuda()) {
+    const char* ws = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+    const std::string v = ws ? ws : "";
+    if (v != ":4096:8" && v != ":16:8")
+      problems.push_back("deterministic: on CUDA, cuBLAS needs CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) in the "
+                         "environment before the process starts; it is " + (ws ? "\"" + v + "\"" : std::string("unset")));
+  }
+  if (loss_scaling) {
+    const LossScaling& ls = *loss_scaling;
+    if (!(ls.init > 0) || !std::isfinite(ls.init))
+      problems.push_back(fmt::format("loss_scaling.init: must be a finite number > 0, got {}", ls.init));
+    if (!(ls.growth > 1) || !std::isfinite(ls.growth))
+      problems.push_back(fmt::format("loss_scaling.growth: must be a finite number > 1, got {}", ls.growth));
+    if (!(ls.backoff > 0 && ls.backoff < 1))
+      problems.push_back(fmt::format("loss_scaling.backoff: must be in (0, 1), got {}", ls.backoff));
+    if (ls.interval < 1) problems.push_back(fmt::format("loss_scaling.interval: must be >= 1, got {}", ls.interval));
+  }
   for (std::size_t i = 0; i < algorithms.size(); ++i) {
     if (algorithms[i].name.empty()) problems.push_back(fmt::format("algorithms[{}]: has no name", i));
     if (!algorithms[i].invalid.empty()) problems.push_back(fmt::format("algorithms[{}] ({}): {}", i, algorithms[i].name, algorithms[i].invalid));

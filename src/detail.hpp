@@ -80,6 +80,11 @@ class RngStream {
 
 /// A one-off section: `state` installed in the global generator for the scope (a factory call,
 /// an evaluation, one train_step); the generator is as before when it ends.
+/// Seeds `device`'s default generator (CUDA: dropout and other draws on the GPU) with a number
+/// drawn from the global CPU generator, so GPU draws follow the run's stream too (call it while a
+/// stream is held; on CPU, nothing).
+void seed_device_generator(const c10::Device& device);
+
 class GlobalRngScope {
  public:
   explicit GlobalRngScope(const torch::Tensor& state) : stream_(state), hold_(stream_) {}

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include "detail.hpp"
 
@@ -138,6 +139,19 @@ RngYield::~RngYield() {
   auto& section = RngSection::get();
   section.acquire(depth_);
   if (!t_holding.empty()) section.install(t_holding.back());
+}
+
+void seed_device_generator(const c10::Device& device) {
+  if (device.is_cpu()) return;
+  std::uint64_t seed = 0;
+  {
+    auto cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    seed = cpu.get<at::CPUGeneratorImpl>()->random64();
+  }
+  auto gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(seed);  // a Philox generator restarts its offset at 0 with a new seed
 }
 
 }  // namespace baton::detail

@@ -70,6 +70,7 @@ TrainState::TrainState(const TrainState& o)
       stage_start(o.stage_start),
       algorithm_state(o.algorithm_state),
       callback_state(o.callback_state),
+      loss_scale(o.loss_scale),
       order_cache(o.order_cache) {
   for (auto& [name, ps] : optimizer.params)
     for (auto& t : ps.slots)
@@ -236,6 +237,13 @@ std::optional<std::string> first_difference(const TrainState& a, const TrainStat
     }
   }
   if (!same_callback_state(a.callback_state, b.callback_state)) return std::string("callback state");
+  if (a.loss_scale != b.loss_scale) {
+    auto say = [](const std::optional<LossScaleState>& l) {
+      return l ? fmt::format("scale {} after {} good steps, {} skipped", l->scale, l->growth_tracker, l->skipped)
+               : std::string("none");
+    };
+    return fmt::format("loss scale: {} against {}", say(a.loss_scale), say(b.loss_scale));
+  }
   return std::nullopt;
 }
 

@@ -27,7 +27,7 @@
 namespace baton {
 
 /// The newest checkpoint format version this build reads and writes.
-inline constexpr std::uint32_t checkpoint_format_version = 2;  // 2 adds algorithm and callback state
+inline constexpr std::uint32_t checkpoint_format_version = 3;  // 2 adds algorithm and callback state, 3 the loss scale
 
 /// What a checkpoint says about itself, besides the state.
 struct CheckpointMeta {

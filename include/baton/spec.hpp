@@ -110,6 +110,34 @@ enum class NonFinite {
   stop,   ///< the fit ends before the step with the state reached and a stop reason
 };
 
+/// The arithmetic of the forward pass and the loss (the backward pass follows it). docs/precision.md.
+enum class Precision {
+  fp32,  ///< float32 throughout (default)
+  bf16,  ///< autocast to bfloat16 (CPU and CUDA); weights, gradients and optimizer moments stay float32
+  fp16,  ///< autocast to float16 (CUDA only); pair it with `loss_scaling`
+};
+
+/// The memory layout of 4-D tensors (image batches and conv weights) while a fit runs. Values, and so
+/// checkpoints and `bitwise_equal`, do not depend on it; the kernels LibTorch picks, their speed and
+/// their rounding do. A fit returns its weights in the default (contiguous) layout whatever it used.
+enum class MemoryFormat {
+  automatic,      ///< channels_last when the training inputs are 4-D, else contiguous (default)
+  contiguous,     ///< NCHW
+  channels_last,  ///< NHWC for 4-D inputs and weights (others as they are)
+};
+
+/// Dynamic loss scaling, as PyTorch's GradScaler: the loss is multiplied by the scale before
+/// backward and the gradients divided by it after; a batch whose gradients are then not finite is
+/// consumed without an update (counted in `LossScaleState::skipped`) and the scale multiplied by
+/// `backoff`; after `interval` updates in a row with finite gradients it is multiplied by `growth`.
+/// The scale lives in the state (`TrainState::loss_scale`), so split and resumed runs go on with it.
+struct LossScaling {
+  double init = 65536.0;        ///< the scale a state without one starts from
+  double growth = 2.0;          ///< > 1
+  double backoff = 0.5;         ///< in (0, 1)
+  std::int64_t interval = 2000; ///< >= 1
+};
+
 /// One stage of training. Everything a stage changes, and what it keeps, is written here:
 ///
 /// | what                     | carried over                          | field              |
@@ -163,6 +191,13 @@ struct TrainingSpec {
   /// finishes the stage from wherever `s` is in it. Default "1dur": the rest of the run.
   Time duration = Time::fraction(1.0);
   c10::Device device = c10::Device(c10::kCPU);    ///< CPU; CUDA when LibTorch has it
+  Precision precision = Precision::fp32;            ///< forward and loss arithmetic (fp32, bf16, fp16)
+  MemoryFormat memory_format = MemoryFormat::automatic;  ///< layout of 4-D tensors during the fit
+  std::optional<LossScaling> loss_scaling{};        ///< dynamic loss scaling; none: the loss as it is
+  /// LibTorch's deterministic algorithms for the fit (an op without one fails the fit, naming the
+  /// op; on CUDA also cuDNN's deterministic kernels, no benchmarking, and the cuBLAS workspace
+  /// setting CUBLAS_WORKSPACE_CONFIG=:4096:8 required). Process-wide while the fit runs.
+  bool deterministic = false;
   std::optional<std::uint64_t> data_seed{};         ///< data order seed; default: the run's seed
   /// Data-parallel training in this process group (distributed.hpp); null: one process. With a
   /// group, `data.batch_size` is the global batch: each rank takes its contiguous shard of every
@@ -182,6 +217,10 @@ struct TrainingSpec {
   [[nodiscard]] TrainingSpec with_lr(double lr) const;
   [[nodiscard]] TrainingSpec with_duration(Time v) const;
   [[nodiscard]] TrainingSpec with_device(c10::Device v) const;
+  [[nodiscard]] TrainingSpec with_precision(Precision v) const;
+  [[nodiscard]] TrainingSpec with_memory_format(MemoryFormat v) const;
+  [[nodiscard]] TrainingSpec with_loss_scaling(std::optional<LossScaling> v) const;
+  [[nodiscard]] TrainingSpec with_deterministic(bool v) const;
   [[nodiscard]] TrainingSpec with_data_seed(std::uint64_t v) const;
   [[nodiscard]] TrainingSpec with_schedule(Schedule v, Clock clock) const;
   [[nodiscard]] TrainingSpec with_model(ModelCarry v) const;

@@ -51,6 +51,14 @@ struct StageRecord {
   std::int64_t skipped_batches = 0;  ///< batches consumed without an update (non-finite policy "skip")
 };
 
+/// Where dynamic loss scaling stands (spec.hpp: LossScaling).
+struct LossScaleState {
+  double scale = 65536.0;          ///< the loss is multiplied by this before backward
+  std::int64_t growth_tracker = 0; ///< updates in a row with finite gradients since the last change
+  std::int64_t skipped = 0;        ///< batches consumed without an update because gradients overflowed
+  bool operator==(const LossScaleState&) const = default;
+};
+
 /// The data order of the current epoch, cached inside a state (opaque: defined in the library).
 struct OrderCache;
 
@@ -71,6 +79,8 @@ struct TrainState {
   std::map<std::string, std::map<std::string, torch::Tensor>> algorithm_state;
   /// What callbacks remember (early stopping's best value, ...), by callback name then key.
   std::map<std::string, std::map<std::string, double>> callback_state;
+  /// Dynamic loss scaling's scale (set by the first fit whose spec has `loss_scaling`).
+  std::optional<LossScaleState> loss_scale;
 
   TrainState() = default;
   TrainState(const TrainState& other);             ///< deep copy
@@ -104,7 +114,7 @@ Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& 
 
 /// True when two states hold everything a resume must reproduce, bit for bit: parameters,
 /// buffers, optimizer steps and moments, the RNG, algorithm and callback state, the timestamp,
-/// stage and stage start, seed, max duration and the history (any NaN equals any NaN there: a
+/// stage and stage start, seed, max duration, the loss scale and the history (any NaN equals any NaN there: a
 /// checkpoint keeps NaN, not its bits). `bitwise_equal(s, load(save(s)))` always holds. Not
 /// compared: the model factory and the module's train/eval flag. Used by tests of split and
 /// resume invariance.

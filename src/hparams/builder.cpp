@@ -140,6 +140,41 @@ void read_plain_keys(const Impl& b, Reader& r, TrainingSpec& spec) {
     spec.on_non_finite = *v;
 }
 
+/// How the stage computes: precision, memory_format, deterministic, loss_scaling (a table, true
+/// for the defaults, or false; with precision = "fp16" it defaults to dynamic scaling).
+void read_compute_keys(const Impl& b, Reader& r, TrainingSpec& spec) {
+  if (auto v = r.one_of<Precision>(b.get("precision"), "precision",
+                                   {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}))
+    spec.precision = *v;
+  if (auto v = r.one_of<MemoryFormat>(b.get("memory_format"), "memory_format",
+                                      {{"auto", MemoryFormat::automatic}, {"contiguous", MemoryFormat::contiguous},
+                                       {"channels_last", MemoryFormat::channels_last}}))
+    spec.memory_format = *v;
+  if (auto v = r.boolean(b.get("deterministic"), "deterministic")) spec.deterministic = *v;
+  const toml::node* n = b.get("loss_scaling");
+  if (!n) {
+    if (spec.precision == Precision::fp16) spec.loss_scaling = LossScaling{};
+    return;
+  }
+  if (n->is_boolean()) {
+    spec.loss_scaling = *n->value<bool>() ? std::optional<LossScaling>(LossScaling{}) : std::nullopt;
+    return;
+  }
+  const auto* t = n->as_table();
+  if (!t) {
+    r.p.add(n, fmt::format("{}loss_scaling: expected true, false or a table such as {{ init = 65536.0, interval = 2000 }}, "
+                           "got {}", r.path, detail::type_name(*n)));
+    return;
+  }
+  detail::check_keys(*t, {"init", "growth", "backoff", "interval"}, r.path + "loss_scaling", r.p);
+  LossScaling ls;
+  if (auto v = r.number(t->get("init"), "loss_scaling.init")) ls.init = *v;
+  if (auto v = r.number(t->get("growth"), "loss_scaling.growth")) ls.growth = *v;
+  if (auto v = r.number(t->get("backoff"), "loss_scaling.backoff")) ls.backoff = *v;
+  if (auto v = r.integer(t->get("interval"), "loss_scaling.interval", 1)) ls.interval = *v;
+  spec.loss_scaling = ls;
+}
+
 /// algorithms = { mixup = { alpha = 0.2 }, ema = {}, order = ["ema", "mixup"] }: the most
 /// specific layer's table replaces the others whole, so a stage can switch algorithms off with
 /// `algorithms = {}`.
@@ -351,6 +386,7 @@ Expected<TrainingSpec> SpecBuilder::build() const {
   spec.name = b.name();
   spec.device = b.doc->run.device;
   read_plain_keys(b, r, spec);
+  read_compute_keys(b, r, spec);
   read_algorithms(b, r, spec);
   read_callbacks(b, r, spec);
   read_model_carry(b, r, spec);
@@ -369,7 +405,8 @@ Expected<TrainingSpec> SpecBuilder::build() const {
     // else the stage's own table.
     static const std::pair<const char*, const char*> kFieldKeys[] = {
         {"duration:", "duration"}, {"grad_accum:", "grad_accum"}, {"data.batch_size:", "batch_size"},
-        {"clip_grad_norm:", "clip_grad_norm"}, {"clip_grad_value:", "clip_grad_value"}, {"freeze:", "freeze"},
+        {"clip_grad_norm:", "clip_grad_norm"}, {"clip_grad_value:", "clip_grad_value"}, {"freeze:", "freeze"}, {"precision:", "precision"},
+        {"loss_scaling.", "loss_scaling"}, {"deterministic:", "deterministic"},
         {"schedule:", "schedule"}, {"evaluation.", "eval"}, {"optimizer", "optimizer"}};
     const std::string& message = ok.error().message;
     const toml::node* at = &b.own();

@@ -29,7 +29,8 @@ namespace baton::detail {
 inline const std::vector<std::string> kInheritable = {"data", "batch_size", "shuffle", "drop_last", "loss",
                                                       "optimizer", "schedule", "clock", "grad_accum",
                                                       "clip_grad_norm", "clip_grad_value", "eval",
-                                                      "algorithms", "callbacks", "on_non_finite"};
+                                                      "algorithms", "callbacks", "on_non_finite",
+                                                      "precision", "memory_format", "deterministic", "loss_scaling"};
 /// Stage keys that belong to one stage only.
 inline const std::vector<std::string> kStageOnly = {"name", "duration", "optimizer_carry", "model", "freeze"};
 

@@ -162,6 +162,8 @@ std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s, bool b
       }
     ParamState& ps = s.optimizer.params[name];
     ps.slots.resize(nslots);
+    for (auto& t : ps.slots)  // moments follow their parameter (a CPU checkpoint resumed on a GPU)
+      if (t.defined() && t.device() != item.value().device()) t = t.to(item.value().device());
     slots.push_back(Slot{item.value(), &ps, lr, wd});
   }
   return slots;

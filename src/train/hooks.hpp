@@ -45,6 +45,7 @@ struct StepOutput {
   double grad_norm;
   bool non_finite = false;  // the loss or a gradient was not finite: no update was applied
   std::string what{};       // which one, for the message
+  bool overflow = false;    // loss scaling: the gradients overflowed, no update (the scale backed off)
 };
 
 }  // namespace baton::detail

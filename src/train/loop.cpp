@@ -40,6 +40,7 @@
 #include "train/course.hpp"
 #include "train/data_parallel.hpp"
 #include "train/observers.hpp"
+#include "train/precision.hpp"
 #include "train/step.hpp"
 
 namespace baton {
@@ -50,6 +51,8 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
   auto transfer = detail::begin_stage(spec, s);
   const detail::Course course = detail::Course::make(spec, s, budget);
   if (!spec.device.is_cpu()) s.model.module->to(spec.device);
+  detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, course.data.inputs));
+  const detail::DeterministicScope deterministic(spec.deterministic);
   std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
   detail::FreezeScope frozen(spec, *s.model.module);
   s.model.module->train(true);
@@ -70,6 +73,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
     if (course.done(s)) break;
     if (t.sample_in_epoch == 0) obs.fire(Event::epoch_start);
     obs.fire(Event::batch_start);
+    if (spec.device.is_cuda()) detail::seed_device_generator(spec.device);  // dropout on the GPU: from the run's stream
     const std::int64_t take = std::min(course.batch_size, course.n - t.sample_in_epoch);
     const auto [offset, size] = dp.begin_step(take, t.batch, obs.local_stop());  // this rank's shard
     const auto index = course.indices(s, spec.data.shuffle, offset, size);
@@ -91,6 +95,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
     const auto held = rng.hold();
     obs.finish();
   }
+  layout.restore();
   return s;
 }
 

@@ -9,6 +9,7 @@
 
 #include "baton/checkpoint.hpp"
 #include "baton/eval.hpp"
+#include "train/precision.hpp"
 
 namespace baton::detail {
 
@@ -135,7 +136,10 @@ void Observers::evaluate() {
   s_.rng = rng_.current();  // eval draws nothing, but reads the state's generator
   EvalSpec eval_spec = spec_.evaluation->spec;
   if (spec_.distributed && !eval_spec.distributed) eval_spec.distributed = spec_.distributed;  // shards, reduced counts
-  auto m = eval(eval_spec, s_);
+  auto m = [&] {
+    const AutocastScope autocast(spec_.precision, spec_.device);  // evaluation at the stage's precision
+    return eval(eval_spec, s_);
+  }();
   if (!m) throw BatonException(m.error().with_context("evaluation"));
   if (hooks_.any_loggers) {
     std::map<std::string, double> flat;

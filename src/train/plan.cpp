@@ -5,6 +5,7 @@
 
 #include "baton/fit.hpp"
 #include "detail.hpp"
+#include "train/precision.hpp"
 #include "train/carry.hpp"
 #include "train/course.hpp"
 #include "train/data_parallel.hpp"
@@ -47,6 +48,8 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
            detail::FreezeScope frozen(spec, *s.model.module);
            s.model.module->train(true);
+           detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, batch.inputs));
+           const detail::DeterministicScope deterministic(spec.deterministic);
            detail::GlobalRngScope rng(s.rng);
            const std::size_t record = detail::open_record(s, spec.name, std::move(transfer));  // as fit keeps it
            detail::roll_epoch(s.time, n, bs, spec.data.drop_last);
@@ -77,6 +80,7 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            detail::roll_epoch(s.time, n, bs, spec.data.drop_last);
            r.end = s.time;
            s.rng = rng.current();
+           layout.restore();
            return StepResult{std::move(s), out.loss, spec.optimizer.lr() * scale, out.grad_norm};
          })
       .map_error(add_context(stage_context(spec) + " train_step"));

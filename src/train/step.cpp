@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "detail.hpp"
+#include "train/precision.hpp"
 
 namespace baton::detail {
 
@@ -21,11 +22,16 @@ torch::Tensor microbatch_loss(const TrainingSpec& spec, TrainState& s, const tor
   if (hooks) hooks->fire(Event::before_forward);
   torch::Tensor output;
   try {
-    output = s.model.forward(inputs);
+    AutocastScope autocast(spec.precision, spec.device);
+    output = s.model.forward(in_layout(inputs, spec.memory_format));
   } catch (const c10::Error& e) {
+    if (auto m = nondeterministic_op_message(torch_message(e))) raise(ErrorCode::invalid_spec, *m);
     raise(ErrorCode::shape_mismatch, fmt::format("the model's forward failed on inputs of shape {}: {}",
                                                  shape_string(inputs), torch_message(e)));
   }
+  // The loss in float32 whatever the forward's precision (as the optimizer's arithmetic).
+  if (output.defined() && (output.scalar_type() == at::kBFloat16 || output.scalar_type() == at::kHalf))
+    output = output.to(at::kFloat);
   if (hooks) {
     if (hooks->any_before_loss)
       for (const auto& a : spec.algorithms)
@@ -46,6 +52,16 @@ torch::Tensor microbatch_loss(const TrainingSpec& spec, TrainState& s, const tor
   return loss;
 }
 
+/// backward(), with an op that has no deterministic implementation named as such.
+void backward(const torch::Tensor& loss) {
+  try {
+    loss.backward();
+  } catch (const c10::Error& e) {
+    if (auto m = nondeterministic_op_message(torch_message(e))) raise(ErrorCode::invalid_spec, *m + " (in backward)");
+    throw;
+  }
+}
+
 /// Forward and backward over the microbatches; gradients accumulate in the parameters.
 /// Returns the batch's loss (this rank's weighted share under data parallel); a non-finite
 /// loss returns at once with the gradients dropped.
@@ -55,6 +71,7 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
   const std::int64_t k = std::min<std::int64_t>(std::max<std::int64_t>(spec.grad_accum, 1), std::max<std::int64_t>(total, 1));
   const std::int64_t micro = (total + k - 1) / k;
   double batch_loss = 0.0;
+  const double loss_scale = begin_loss_scale(spec, s);  // 1 without loss scaling
   for (std::int64_t start = 0; start < total; start += micro) {
     const std::int64_t size = std::min(micro, total - start);
     const bool whole = size == total;
@@ -71,13 +88,13 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
     if (start + size >= total) dp.arm(slots);  // the last backward: gradients all-reduced as they come
     if (whole && !dp.active()) {
       batch_loss = value;
-      loss.backward();
+      backward(loss_scale == 1.0 ? loss : loss * loss_scale);
     } else {
       // A mean over the batch is the size-weighted mean of the microbatch means (data parallel:
       // of the ranks' shards, so that the summed gradients are those of the global batch's mean).
       const double weight = static_cast<double>(size) / static_cast<double>(total) * dp.weight();
       batch_loss += value * weight;
-      (loss * weight).backward();
+      backward(loss * (weight * loss_scale));
     }
   }
   return {batch_loss, 0.0};
@@ -111,6 +128,16 @@ StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Sl
                           out.non_finite ? fmt::format("rank {}", dp.rank()) : std::string("another rank"))};
     }
     out.loss = global_loss;
+  }
+  if (spec.loss_scaling) {
+    // Every rank holds the same reduced gradients, so every rank decides alike.
+    const bool finite = unscale_gradients(slots, s.loss_scale->scale);
+    update_loss_scale(*spec.loss_scaling, *s.loss_scale, finite);
+    if (!finite) {
+      drop_grads(slots);
+      out.overflow = true;
+      return out;
+    }
   }
   if (hooks) {
     if (hooks->any_after_backward) {
