@@ -76,12 +76,19 @@ run() {
   say "build"
   local rc=0 b="$ROOT/build-cuda"
   cmake --build "$b" -j "$(nproc)" -- -k 0 ${BATON_CUDA_TARGETS:-baton_exe baton_tests bench_fit} >"$out/build.log" 2>&1 || rc=$?
-  grep -E 'error|Error' "$out/build.log" | head -60 | tee -a "$log"
+  grep -E 'error|Error' "$out/build.log" | head -60 | tee -a "$log" || true
   say "build rc=$rc"
   export CUBLAS_WORKSPACE_CONFIG=:4096:8  # deterministic cuBLAS, for the [cuda] tests' deterministic mode
   if [ -x "$b/baton_tests" ]; then
     say "cuda tests"
-    (cd "$b" && timeout 240 ./baton_tests '[cuda]' 2>&1 | tail -60) | tee -a "$log" || true
+    local trc=0
+    (cd "$b" && timeout 240 ./baton_tests '[cuda]' >"$out/cuda-tests.log" 2>&1) || trc=$?
+    tail -60 "$out/cuda-tests.log" | tee -a "$log"
+    if [ "$trc" -ge 128 ] && command -v cuda-gdb >/dev/null; then
+      say "cuda tests crashed ($trc): backtrace"
+      (cd "$b" && timeout 200 cuda-gdb -batch -ex "set pagination off" -ex run -ex bt --args ./baton_tests '[cuda]' 2>&1 \
+         | grep -E '^#|signal|cuda_test' | head -40) | tee -a "$log" || true
+    fi
   fi
   if [ -x "$b/baton" ]; then
     local run; run="$(mktemp -d)"

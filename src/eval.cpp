@@ -60,13 +60,19 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
   std::int64_t num_classes = 0;
   // Across ranks: this rank's contiguous shard of the set; sums and counts reduced below.
   const auto [lo, count] = spec.distributed ? spec.distributed->shard(n) : std::pair<std::int64_t, std::int64_t>{0, n};
+  // The data stays where it is; each batch goes to the model's device (a state trained on a GPU).
+  const auto params = s.model.module->parameters();
+  const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   for (std::int64_t i = lo; i < lo + count; i += spec.batch_size) {
     const std::int64_t take = std::min(spec.batch_size, lo + count - i);
     auto x = ds.inputs.narrow(0, i, take);
     auto y = ds.targets.narrow(0, i, take);
+    if (x.device() != device) x = x.to(device), y = y.to(device);
     torch::Tensor out;
     try {
       out = s.model.forward(x);
+      // Under a fit's bf16/fp16 autocast: metrics in float32, as the training loss.
+      if (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf) out = out.to(at::kFloat);
     } catch (const c10::Error& e) {
       return fail(ErrorCode::shape_mismatch, fmt::format("eval set \"{}\": the model's forward failed on inputs of shape {}: {}",
                                                          name, detail::shape_string(x), detail::torch_message(e)));

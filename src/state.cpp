@@ -180,7 +180,10 @@ namespace {
 /// How two tensors differ, or nothing when they hold the same bits.
 std::optional<std::string> tensor_difference(const torch::Tensor& x, const torch::Tensor& y) {
   if (x.defined() != y.defined()) return std::string(x.defined() ? "only in the first state" : "only in the second state");
-  if (!x.defined() || torch::equal(x, y)) return std::nullopt;
+  if (!x.defined()) return std::nullopt;
+  // Values, whatever the device: a GPU state against the one its checkpoint loads on the CPU.
+  if (x.device() != y.device()) return tensor_difference(x.cpu(), y.cpu());
+  if (torch::equal(x, y)) return std::nullopt;
   if (x.sizes() != y.sizes() || x.scalar_type() != y.scalar_type())
     return fmt::format("{} {} against {} {}", c10::toString(x.scalar_type()), detail::shape_string(x),
                        c10::toString(y.scalar_type()), detail::shape_string(y));

@@ -1,6 +1,7 @@
 // The CUDA paths. Hidden tests ([.cuda]): a CPU-only LibTorch cannot run them, so they are not
 // registered with CTest; run them on a CUDA machine with `baton_tests [cuda]`
 // (scripts/cuda-check.sh). On a machine without CUDA they fail rather than pass.
+#include <cstdio>
 #include <cstdlib>
 
 #include <baton/testing_catch.hpp>
@@ -65,8 +66,12 @@ TEST_CASE("CUDA: split and resumed runs give the same bits (deterministic mode)"
   for (auto p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     auto sp = spec(p).with_deterministic(true);
     if (p == Precision::fp16) sp = sp.with_loss_scaling(baton::LossScaling{.init = 1e30, .interval = 3});
+    INFO("precision " << static_cast<int>(p));
+    std::fprintf(stderr, "cuda_test: precision %d: deterministic\n", static_cast<int>(p));
     CHECK(baton::testing::deterministic(sp, state()));
+    std::fprintf(stderr, "cuda_test: precision %d: split_invariant\n", static_cast<int>(p));
     CHECK(baton::testing::split_invariant(sp, state(), {Time::batches(3), Time::batches(5)}));
+    std::fprintf(stderr, "cuda_test: precision %d: resume_invariant\n", static_cast<int>(p));
     CHECK(baton::testing::resume_invariant(sp, state(), Time::batches(7)));
   }
 }
