@@ -2,6 +2,9 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <sched.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include <atomic>
 #include <filesystem>
@@ -33,6 +36,7 @@ int available_cores() {
 
 RuntimeReport inspect_runtime() {
   RuntimeReport r;
+  r.wait_policy = thread_wait_policy();
   r.threads = at::get_num_threads();
   std::string loaded_as;
   if (void* sym = dlsym(RTLD_DEFAULT, "sgemm_")) {
@@ -52,6 +56,9 @@ RuntimeReport inspect_runtime() {
     if (dlsym(handle, "openblas_get_config") != nullptr) r.openblas = true;
     dlclose(handle);
   }
+  // PyTorch's own builds (the pip wheels' LibTorch) link their BLAS (MKL, OpenBLAS) into
+  // libtorch_cpu: sgemm_ resolves there, and it is not the reference BLAS.
+  r.blas_in_libtorch = std::filesystem::path(r.blas_library).filename().string().rfind("libtorch", 0) == 0;
   if (auto* get_threads = reinterpret_cast<get_threads_fn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
     r.blas_threads = get_threads();
   return r;
@@ -59,7 +66,7 @@ RuntimeReport inspect_runtime() {
 
 Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options) {
   RuntimeReport before = inspect_runtime();
-  if (options.require_openblas && !before.openblas)
+  if (options.require_openblas && !before.openblas && !before.blas_in_libtorch)
     return fail(ErrorCode::runtime,
                 fmt::format("BLAS is not OpenBLAS (sgemm_ comes from \"{}\"): LibTorch would run about "
                             "16x slower on reference BLAS. Install libopenblas0 (apt-get install "
@@ -88,6 +95,19 @@ Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options) {
   return r;
 }
 
+std::string thread_wait_policy() {
+  if (const char* v = std::getenv("GOMP_SPINCOUNT")) return fmt::format("GOMP_SPINCOUNT={}", v);
+  if (const char* v = std::getenv("OMP_WAIT_POLICY")) return fmt::format("OMP_WAIT_POLICY={}", v);
+  return "OpenMP default (spins before sleeping)";
+}
+
+void relaunch_with_thread_policy(char** argv) {
+  if (argv == nullptr || argv[0] == nullptr || std::getenv("GOMP_SPINCOUNT") || std::getenv("OMP_WAIT_POLICY")) return;
+  if (::setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+  ::unsetenv("GOMP_SPINCOUNT");  // the exec failed: go on as before, saying so in the report
+}
+
 std::optional<std::string> runtime_note() {
   const int threads = at::get_num_threads(), cores = available_cores();
   if (g_configured || threads >= cores) return std::nullopt;
@@ -107,8 +127,8 @@ void note_runtime_once() {
 }  // namespace detail
 
 std::string RuntimeReport::to_string() const {
-  return fmt::format("runtime: {} intra-op threads, BLAS {} ({}{}), malloc {}", threads,
-                     openblas ? "OpenBLAS" : "NOT OpenBLAS", blas_library, blas_threads > 0 ? ", " + std::to_string(blas_threads) + " threads" : std::string(),
+  return fmt::format("runtime: {} intra-op threads ({}), BLAS {} ({}{}), malloc {}", threads, wait_policy,
+                     openblas ? "OpenBLAS" : blas_in_libtorch ? "inside LibTorch" : "NOT OpenBLAS", blas_library, blas_threads > 0 ? ", " + std::to_string(blas_threads) + " threads" : std::string(),
                      malloc_tuned ? "tuned (mmap threshold 32 MiB, no trim)" : "glibc defaults");
 }
 

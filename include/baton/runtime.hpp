@@ -26,7 +26,7 @@ struct RuntimeOptions {
   int threads = 0;               ///< intra-op threads; 0 = the cores this process may run on
   int blas_threads = 1;          ///< OpenBLAS threads; 1 avoids oversubscription with OpenMP
   bool tune_malloc = true;       ///< keep freed large buffers (mallopt) instead of unmapping
-  bool require_openblas = true;  ///< error if BLAS is not OpenBLAS (reference BLAS is ~16x slower)
+  bool require_openblas = true;  ///< error if BLAS is the reference one (~16x slower): not OpenBLAS, not LibTorch's own
 };
 
 struct RuntimeReport {
@@ -34,7 +34,9 @@ struct RuntimeReport {
   int blas_threads = 0;
   std::string blas_library;  ///< path of the library that provides sgemm_
   bool openblas = false;
+  bool blas_in_libtorch = false;  ///< LibTorch carries its own BLAS (PyTorch's wheels): not the slow reference one
   bool malloc_tuned = false;
+  std::string wait_policy;   ///< how OpenMP's idle threads wait (thread_wait_policy())
   [[nodiscard]] std::string to_string() const;  ///< one line for a log
 };
 
@@ -51,6 +53,27 @@ RuntimeReport inspect_runtime();
 std::string numerics_environment();
 /// Applies `options`; an error (code runtime) if OpenBLAS is required and absent.
 Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options = {});
+
+/// How LibTorch's OpenMP threads wait between parallel regions. GNU OpenMP (Debian's LibTorch)
+/// spins 300,000 times by default before sleeping, which keeps each waiting thread on its core:
+/// with another process busy on one of 2 cores, a 2-thread CNN step then waits for its
+/// descheduled peer and trains at about a third of its idle speed. With GOMP_SPINCOUNT=1000 the
+/// waiting thread sleeps almost at once, the scheduler moves the peer to the free core, and the
+/// step keeps about 0.6 of its idle speed, with no loss on an idle machine (measured:
+/// benchmarks/README.md, `cnn_loaded`). OpenMP reads the setting once, when the process
+/// starts, so it cannot be changed from inside: `relaunch_with_thread_policy` re-executes the
+/// program with it.
+///
+/// "GOMP_SPINCOUNT=1000", "OMP_WAIT_POLICY=passive" (what the environment sets), or "OpenMP
+/// default (spins before sleeping)".
+std::string thread_wait_policy();
+
+/// Called first in `main`, before any thread starts: when the environment sets neither
+/// GOMP_SPINCOUNT nor OMP_WAIT_POLICY, re-executes this program (/proc/self/exe, the same
+/// arguments and process id) with GOMP_SPINCOUNT=1000 added; otherwise, or if that fails,
+/// returns and nothing changes. The `baton` command and baton's benchmarks call it; a user's
+/// own program may call it, or set the variable in its environment.
+void relaunch_with_thread_policy(char** argv);
 
 /// The note the first `fit` of a process prints on stderr when configure_runtime() was never
 /// called (successfully) and LibTorch runs on fewer intra-op threads than available_cores();
