@@ -11,6 +11,8 @@
 //   <case> baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y> peak_rss_mb=<z>
 //   cnn_channels_last ... speedup=<x/y>   baton's default layout for images (channels_last)
 //   cnn_bf16 ... speedup=<x/y>            channels_last with bf16 autocast
+//   cnn_loaded idle_samples_per_s=<a> loaded_samples_per_s=<b> ratio_to_idle=<b/a>
+//                                         baton's defaults with a process busy on one core
 //   many_fits baton_1000_fits_s=<a> baton_one_fit_s=<b> ratio=<a/b>        (target: <= 1.10)
 //   naive_cnn baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y>
 //
@@ -33,6 +35,7 @@
 // same fp32 NCHW hand-written loop: their speedup is what the setting buys a user.
 //
 // Usage: bench_fit [--smoke] [--case NAME] [--reps N] [--batches N] [--device cpu|cuda]
+//   --threads N intra-op threads (configure_runtime's; default: the cores this process may use)
 //   --device    where both sides train (the data stays on the CPU and batches are copied over,
 //               as in baton); CUDA needs a CUDA LibTorch
 //   --smoke     every case with very few batches (< 30 s in all; used as a ctest)
@@ -44,6 +47,8 @@
 // many_fits 1000 fits; 20 untimed warm-up batches per side. --smoke: 1 rep, 3 warm-up, tiny 50,
 // mlp 10, cnn and naive_cnn 3, many_fits 50 fits (its line then reads baton_50_fits_s).
 
+#include <sched.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -117,17 +122,18 @@ struct Options {
   std::optional<int> reps;             // default: 5 (smoke: 1)
   std::optional<std::int64_t> batches;  // default: per case
   std::string device = "cpu";          // --device cpu|cuda
+  int threads = 0;                     // --threads: configure_runtime's (0: the cores)
 };
 
 void usage(std::FILE* f) {
   fmt::print(f,
-             "usage: bench_fit [--smoke] [--case cnn|cnn_channels_last|cnn_bf16|mlp|tiny|many_fits|naive_cnn] "
-             "[--reps N] [--batches N] [--device cpu|cuda]\n");
+             "usage: bench_fit [--smoke] [--case cnn|cnn_channels_last|cnn_bf16|cnn_loaded|mlp|tiny|many_fits|naive_cnn] "
+             "[--reps N] [--batches N] [--device cpu|cuda] [--threads N]\n");
 }
 
 std::optional<Options> parse_args(int argc, char** argv) {
   Options o;
-  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16"};
+  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16", "cnn_loaded"};
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::optional<std::string> {
@@ -161,6 +167,10 @@ std::optional<Options> parse_args(int argc, char** argv) {
       const auto n = positive(a);
       if (!n) return std::nullopt;
       o.batches = *n;
+    } else if (a == "--threads") {
+      const auto n = positive(a);
+      if (!n) return std::nullopt;
+      o.threads = static_cast<int>(*n);
     } else if (a == "--device") {
       const auto v = value();
       if (!v || (*v != "cpu" && *v != "cuda")) {
@@ -373,6 +383,55 @@ void run_pair_case(const PairCase& c, const baton::Dataset& data, const Settings
   std::fflush(stdout);
 }
 
+constexpr std::int64_t kCnnBatch = 128;
+
+/// A process that keeps one core busy: the last core this process may use.
+pid_t start_busy_core() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int last = 0;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) last = c;
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {  // child: pinned, spinning, until killed
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(last, &one);
+    sched_setaffinity(0, sizeof one, &one);
+    volatile unsigned long spin = 0;
+    for (;;) spin = spin + 1;
+  }
+  return pid;
+}
+
+/// baton's default CNN (channels_last, fp32) with another process busy on one core, against the
+/// same on the idle machine: interleaved repetitions, the median of each.
+void run_cnn_loaded(const baton::Dataset& data, const Settings& s) {
+  const std::int64_t steps = s.batches ? *s.batches : (s.smoke ? 3 : 30);
+  BatonSide bat(make_spec("cnn_loaded", data, kCnnBatch), fresh_state(baton::models::small_cnn()));
+  bat.train(s.warmup);
+  std::vector<double> idle, loaded;
+  for (int r = 0; r < s.reps; ++r) {
+    const auto [n, t] = bat.train(steps);
+    idle.push_back(static_cast<double>(n) / t);
+    const pid_t busy = start_busy_core();
+    if (busy < 0) die("fork", baton::Error{baton::ErrorCode::runtime, std::strerror(errno), {}});
+    bat.train(3);  // untimed: the scheduler places the busy process first
+    const auto [ln, lt] = bat.train(steps);
+    loaded.push_back(static_cast<double>(ln) / lt);
+    kill(busy, SIGKILL);
+    waitpid(busy, nullptr, 0);
+  }
+  const double x = median(idle), y = median(loaded);
+  fmt::print("cnn_loaded idle_samples_per_s={:.1f} loaded_samples_per_s={:.1f} ratio_to_idle={:.3f}\n", x, y, y / x);
+  fmt::print("#   cnn_loaded: baton's defaults (channels_last, fp32, {}), batch {}, {} x {} batches each; "
+             "loaded = another process spinning on the last core; per-rep idle [{:.1f}] loaded [{:.1f}]\n",
+             baton::thread_wait_policy(), kCnnBatch, s.reps, steps, fmt::join(idle, ", "), fmt::join(loaded, ", "));
+  std::fflush(stdout);
+}
+
 void run_many_fits(const baton::Dataset& data, const Settings& s) {
   const std::int64_t fits = s.batches ? *s.batches : (s.smoke ? 50 : 1000);
   const auto spec = make_spec("many_fits", data, 128);
@@ -407,7 +466,6 @@ void run_many_fits(const baton::Dataset& data, const Settings& s) {
 
 // ------------------------------------------------------------------- naive_cnn (two processes)
 
-constexpr std::int64_t kCnnBatch = 128;
 constexpr std::int64_t kNaiveBatches = 40;
 constexpr std::int64_t kNaiveSmokeBatches = 3;
 
@@ -453,8 +511,14 @@ struct ChildOutput {
 
 /// Runs this program again (/proc/self/exe) with `args`, capturing its stdout (stderr passes
 /// through).
-ChildOutput run_self(const std::vector<std::string>& args) {
+ChildOutput run_self(const std::vector<std::string>& args, bool libtorch_defaults) {
   std::string exe = "/proc/self/exe";
+  // The hand-written side of naive_cnn runs with LibTorch's defaults: without the OpenMP wait
+  // policy baton's relaunch put in this process's environment.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (!libtorch_defaults || std::strncmp(*e, "GOMP_SPINCOUNT=", 15) != 0) envp.push_back(*e);
+  envp.push_back(nullptr);
   std::vector<std::string> storage = args;
   std::vector<char*> argv;
   argv.push_back(exe.data());
@@ -475,7 +539,7 @@ ChildOutput run_self(const std::vector<std::string>& args) {
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     close(fds[1]);
-    execv("/proc/self/exe", argv.data());
+    execve("/proc/self/exe", argv.data(), envp.data());
     _exit(127);
   }
   close(fds[1]);
@@ -523,8 +587,8 @@ bool run_naive_cnn(const Settings& s) {
     v.insert(v.begin(), std::move(flag));
     return v;
   };
-  const ChildOutput b = run_self(with("--baton-cnn"));
-  const ChildOutput h = run_self(with("--naive-handwritten-cnn"));
+  const ChildOutput b = run_self(with("--baton-cnn"), false);
+  const ChildOutput h = run_self(with("--naive-handwritten-cnn"), true);
   const double x = b.ok ? field(b.out, "samples_per_s") : std::nan("");
   const double y = h.ok ? field(h.out, "samples_per_s") : std::nan("");
   if (!std::isfinite(x) || !std::isfinite(y) || y <= 0) {
@@ -549,6 +613,9 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+  // baton's OpenMP wait policy (runtime.hpp), as the baton command has it; not for the side that
+  // stands for LibTorch's defaults.
+  if (opts->mode != Mode::naive_handwritten_cnn) baton::relaunch_with_thread_policy(argv);
   const Settings settings{
       .reps = opts->reps.value_or(opts->smoke ? 1 : 5),
       .warmup = opts->smoke ? 3 : 20,
@@ -563,12 +630,12 @@ int main(int argc, char** argv) {
   }
 
   // The same process settings for both sides of every in-process ratio.
-  auto rt = baton::configure_runtime();
+  auto rt = baton::configure_runtime({.threads = opts->threads});
   if (!rt) {
     fmt::print("# configure_runtime failed: {}; continuing without requiring OpenBLAS (figures are not "
                "representative)\n",
                rt.error().to_string());
-    rt = baton::configure_runtime({.require_openblas = false});
+    rt = baton::configure_runtime({.threads = opts->threads, .require_openblas = false});
     if (!rt) die("configure_runtime", rt.error());
   }
   fmt::print("{}\n", rt->to_string());
@@ -600,6 +667,7 @@ int main(int argc, char** argv) {
   };
   for (const auto& c : cnn_cases)
     if (wanted(c.name)) run_pair_case(c, data, settings);
+  if (wanted("cnn_loaded")) run_cnn_loaded(data, settings);
   bool ok = true;
   if (wanted("naive_cnn")) ok = run_naive_cnn(settings);
   return ok ? 0 : 1;
