@@ -9,8 +9,9 @@
 // case:
 //
 //   <case> baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y> peak_rss_mb=<z>
-//   cnn_channels_last ... speedup=<x/y>   baton's default layout for images (channels_last)
+//   cnn_channels_last ... speedup=<x/y>   memory_format channels_last
 //   cnn_bf16 ... speedup=<x/y>            channels_last with bf16 autocast
+//   cnn_bf16_nchw ... speedup=<x/y>       bf16 autocast in NCHW (which layout bf16 wants)
 //   cnn_loaded idle_samples_per_s=<a> loaded_samples_per_s=<b> ratio_to_idle=<b/a>
 //                                         baton's defaults with a process busy on one core
 //   many_fits baton_1000_fits_s=<a> baton_one_fit_s=<b> ratio=<a/b>        (target: <= 1.10)
@@ -127,13 +128,13 @@ struct Options {
 
 void usage(std::FILE* f) {
   fmt::print(f,
-             "usage: bench_fit [--smoke] [--case cnn|cnn_channels_last|cnn_bf16|cnn_loaded|mlp|tiny|many_fits|naive_cnn] "
+             "usage: bench_fit [--smoke] [--case cnn|cnn_channels_last|cnn_bf16|cnn_bf16_nchw|cnn_loaded|mlp|tiny|many_fits|naive_cnn] "
              "[--reps N] [--batches N] [--device cpu|cuda] [--threads N]\n");
 }
 
 std::optional<Options> parse_args(int argc, char** argv) {
   Options o;
-  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16", "cnn_loaded"};
+  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16", "cnn_bf16_nchw", "cnn_loaded"};
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::optional<std::string> {
@@ -406,7 +407,7 @@ pid_t start_busy_core() {
   return pid;
 }
 
-/// baton's default CNN (channels_last, fp32) with another process busy on one core, against the
+/// baton's default CNN (fp32, memory_format automatic) with another process busy on one core, against the
 /// same on the idle machine: interleaved repetitions, the median of each.
 void run_cnn_loaded(const baton::Dataset& data, const Settings& s) {
   const std::int64_t steps = s.batches ? *s.batches : (s.smoke ? 3 : 30);
@@ -426,7 +427,7 @@ void run_cnn_loaded(const baton::Dataset& data, const Settings& s) {
   }
   const double x = median(idle), y = median(loaded);
   fmt::print("cnn_loaded idle_samples_per_s={:.1f} loaded_samples_per_s={:.1f} ratio_to_idle={:.3f}\n", x, y, y / x);
-  fmt::print("#   cnn_loaded: baton's defaults (channels_last, fp32, {}), batch {}, {} x {} batches each; "
+  fmt::print("#   cnn_loaded: baton's defaults (fp32, memory_format automatic, {}), batch {}, {} x {} batches each; "
              "loaded = another process spinning on the last core; per-rep idle [{:.1f}] loaded [{:.1f}]\n",
              baton::thread_wait_policy(), kCnnBatch, s.reps, steps, fmt::join(idle, ", "), fmt::join(loaded, ", "));
   std::fflush(stdout);
@@ -655,15 +656,16 @@ int main(int argc, char** argv) {
   for (const auto& c : cases)
     if (wanted(c.name)) run_pair_case(c, data, settings);
   if (wanted("many_fits")) run_many_fits(data, settings);
-  // cnn: the same layout as the hand-written loop (baton's overhead); the other two: what baton's
-  // default layout (channels_last for images) and bf16 autocast buy against that loop.
+  // cnn: the same layout as the hand-written loop (baton's overhead); the others: what
+  // channels_last and bf16 autocast buy against that loop.
   const auto with = [](baton::Precision p, baton::MemoryFormat f) {
     return [p, f](baton::TrainingSpec sp) { return sp.with_precision(p).with_memory_format(f); };
   };
   const std::vector<PairCase> cnn_cases = {
       {"cnn", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::fp32, baton::MemoryFormat::contiguous), false},
-      {"cnn_channels_last", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::fp32, baton::MemoryFormat::automatic), true},
-      {"cnn_bf16", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::bf16, baton::MemoryFormat::automatic), true},
+      {"cnn_channels_last", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::fp32, baton::MemoryFormat::channels_last), true},
+      {"cnn_bf16", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::bf16, baton::MemoryFormat::channels_last), true},
+      {"cnn_bf16_nchw", baton::models::small_cnn(), kCnnBatch, 100, 3, with(baton::Precision::bf16, baton::MemoryFormat::contiguous), true},
   };
   for (const auto& c : cnn_cases)
     if (wanted(c.name)) run_pair_case(c, data, settings);

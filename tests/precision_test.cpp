@@ -56,9 +56,12 @@ TEST_CASE("channels_last and bf16 fits train, and return weights in the default 
     CHECK(loss_of(s) < 0.5 * std::log(3.0));  // it learnt (3 classes: ln 3 at chance)
     if (p == Precision::bf16) CHECK_FALSE(baton::bitwise_equal(s, fp32));  // autocast was on: other roundings
   }
-  // automatic is channels_last for 4-D inputs: the same kernels, the same bits.
+  // automatic is the default layout today (measured faster for conv models): the same bits.
   CHECK(baton::bitwise_equal(ok(baton::fit(cnn_spec(Precision::fp32, MemoryFormat::automatic), cnn_state())),
-                             ok(baton::fit(cnn_spec(Precision::fp32, MemoryFormat::channels_last), cnn_state()))));
+                             ok(baton::fit(cnn_spec(Precision::fp32, MemoryFormat::contiguous), cnn_state()))));
+  // channels_last runs other kernels: same values in, other roundings out (it was really used).
+  CHECK_FALSE(baton::bitwise_equal(ok(baton::fit(cnn_spec(Precision::fp32, MemoryFormat::channels_last), cnn_state())),
+                                   ok(baton::fit(cnn_spec(Precision::fp32, MemoryFormat::contiguous), cnn_state()))));
 }
 
 TEST_CASE("bf16 and channels_last split and resumed runs give the same bits", "[precision][property]") {

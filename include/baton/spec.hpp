@@ -121,7 +121,7 @@ enum class Precision {
 /// checkpoints and `bitwise_equal`, do not depend on it; the kernels LibTorch picks, their speed and
 /// their rounding do. A fit returns its weights in the default (contiguous) layout whatever it used.
 enum class MemoryFormat {
-  automatic,      ///< channels_last when the training inputs are 4-D, else contiguous (default)
+  automatic,      ///< baton's measured choice (default): today contiguous everywhere (docs/precision.md)
   contiguous,     ///< NCHW
   channels_last,  ///< NHWC for 4-D inputs and weights (others as they are)
 };
