@@ -1,5 +1,6 @@
 // Datasets, the IDX reader and the data order.
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -197,6 +198,48 @@ torch::Tensor epoch_order(std::int64_t size, std::uint64_t seed, std::int64_t ep
     std::swap(p[i], p[r]);
   }
   return order;
+}
+
+Expected<Dataset> slice(const Dataset& dataset, std::int64_t offset, std::int64_t limit) {
+  if (auto ok = dataset.validate(); !ok) return tl::unexpected(ok.error());
+  const std::int64_t n = dataset.size();
+  if (offset < 0 || limit < 0)
+    return fail(ErrorCode::invalid_argument, fmt::format("dataset \"{}\": offset ({}) and limit ({}) must be >= 0",
+                                                         dataset.name, offset, limit));
+  if (offset >= n)
+    return fail(ErrorCode::data, fmt::format("dataset \"{}\": offset {} is past its end: it has {} samples (0 to {})",
+                                             dataset.name, offset, n, n - 1));
+  if (offset == 0 && (limit == 0 || limit >= n)) return dataset;
+  const std::int64_t count = limit == 0 ? n - offset : std::min(limit, n - offset);
+  return Dataset{dataset.inputs.narrow(0, offset, count), dataset.targets.narrow(0, offset, count),
+                 fmt::format("{}[{}:{}]", dataset.name, offset, offset + count)};
+}
+
+Expected<HeldOut> hold_out(const Dataset& dataset, const HoldOutOptions& options) {
+  if (auto ok = dataset.validate(); !ok) return tl::unexpected(ok.error());
+  const std::int64_t n = dataset.size();
+  if (!(options.fraction > 0.0 && options.fraction < 1.0))
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("dataset \"{}\": hold-out fraction {} is outside (0, 1)", dataset.name, options.fraction));
+  const auto held = static_cast<std::int64_t>(std::llround(options.fraction * static_cast<double>(n)));
+  if (held < 1 || held > n - 1)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("dataset \"{}\": holding out {} of its {} samples leaves {} part empty; use a "
+                            "fraction between {:.3g} and {:.3g}, or more data",
+                            dataset.name, options.fraction, n, held < 1 ? "the held-out" : "the training",
+                            0.5 / static_cast<double>(n), 1.0 - 0.5 / static_cast<double>(n)));
+  // A permutation of its own (the data order's salt mixed with a constant of the split's, so the
+  // split never coincides with an epoch's order); its first `held` entries are held out.
+  const auto order = epoch_order(n, options.seed ^ 0x686F6C646F7574ULL /* "holdout" */, 0);
+  auto mask = torch::zeros({n}, torch::kBool);
+  mask.index_fill_(0, order.narrow(0, 0, held), true);
+  const auto val_idx = mask.nonzero().squeeze(1);
+  const auto train_idx = mask.logical_not().nonzero().squeeze(1);
+  auto part = [&](const torch::Tensor& idx, const char* which) {
+    return Dataset{dataset.inputs.index_select(0, idx), dataset.targets.index_select(0, idx),
+                   fmt::format("{}:{}", dataset.name, which)};
+  };
+  return HeldOut{part(train_idx, "train"), part(val_idx, "val")};
 }
 
 }  // namespace data

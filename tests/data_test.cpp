@@ -1,3 +1,4 @@
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -155,4 +156,84 @@ TEST_CASE("datasets are validated", "[data]") {
   REQUIRE(d);
   CHECK(d->head(2).size() == 2);
   CHECK(d->head(10).size() == 5);
+}
+
+namespace {
+/// A dataset whose sample i is the number i (input [i] as float, target i), so parts can be traced.
+baton::Dataset numbered(std::int64_t n, const std::string& name = "numbered") {
+  auto d = baton::make_dataset(torch::arange(n, torch::kFloat).unsqueeze(1), torch::arange(n, torch::kLong), name);
+  REQUIRE(d);
+  return *d;
+}
+bool increasing(const torch::Tensor& t) { return t.numel() < 2 || (t.slice(0, 1) > t.slice(0, 0, -1)).all().item<bool>(); }
+}  // namespace
+
+TEST_CASE("slice takes a range of samples and says when it is out of bounds", "[data][split]") {
+  const auto d = numbered(10);
+  auto mid = baton::data::slice(d, 3, 4);
+  REQUIRE(mid);
+  CHECK(torch::equal(mid->targets, torch::arange(3, 7, torch::kLong)));
+  CHECK(mid->inputs.data_ptr<float>() == d.inputs.data_ptr<float>() + 3);  // a view, no copy
+  auto tail = baton::data::slice(d, 8);  // limit 0: to the end
+  REQUIRE(tail);
+  CHECK(torch::equal(tail->targets, torch::tensor({8, 9}, torch::kLong)));
+  auto clamped = baton::data::slice(d, 7, 100);
+  REQUIRE(clamped);
+  CHECK(clamped->size() == 3);
+  auto past = baton::data::slice(d, 10, 1);
+  REQUIRE_FALSE(past);
+  CHECK_THAT(past.error().to_string(), Catch::Contains("offset 10 is past its end") && Catch::Contains("numbered"));
+  CHECK_FALSE(baton::data::slice(d, -1, 2));
+  CHECK_FALSE(baton::data::slice(d, 0, -2));
+}
+
+TEST_CASE("hold_out splits into disjoint parts that keep the order, chosen by (seed, size) only", "[data][split]") {
+  const auto d = numbered(1000);
+  auto parts = baton::data::hold_out(d, {.fraction = 0.1, .seed = 5});
+  REQUIRE(parts);
+  CHECK(parts->val.size() == 100);
+  CHECK(parts->train.size() == 900);
+  CHECK(parts->train.name == "numbered:train");
+  CHECK(parts->val.name == "numbered:val");
+  // Disjoint and complete: together the parts hold every sample once.
+  const auto all = torch::cat({parts->train.targets, parts->val.targets});
+  CHECK(torch::equal(std::get<0>(all.sort()), torch::arange(1000, torch::kLong)));
+  // Inputs travel with their targets, and each part keeps the dataset's order.
+  CHECK(torch::equal(parts->val.inputs.squeeze(1).to(torch::kLong), parts->val.targets));
+  CHECK(increasing(parts->train.targets));
+  CHECK(increasing(parts->val.targets));
+  // Drawn from the whole range, not its first samples.
+  CHECK(parts->val.targets.max().item<std::int64_t>() > 500);
+  CHECK(parts->val.targets.min().item<std::int64_t>() < 500);
+
+  SECTION("the same seed and size give the same split, whatever the data; another seed another split") {
+    auto again = baton::data::hold_out(numbered(1000, "other"), {.fraction = 0.1, .seed = 5});
+    REQUIRE(again);
+    CHECK(torch::equal(again->val.targets, parts->val.targets));
+    auto reseeded = baton::data::hold_out(d, {.fraction = 0.1, .seed = 6});
+    REQUIRE(reseeded);
+    CHECK_FALSE(torch::equal(reseeded->val.targets, parts->val.targets));
+  }
+  SECTION("the parts are copies: the source can change or go") {
+    auto source = numbered(50);
+    auto p = baton::data::hold_out(source, {.fraction = 0.2});
+    REQUIRE(p);
+    const auto before = p->train.targets.clone();
+    source.targets.fill_(-1);
+    CHECK(torch::equal(p->train.targets, before));
+  }
+  SECTION("fractions that leave a part empty are errors") {
+    for (double f : {0.0, 1.0, -0.5, 1.5, std::nan("")}) {
+      INFO(f);
+      auto bad = baton::data::hold_out(d, {.fraction = f});
+      REQUIRE_FALSE(bad);
+      CHECK_THAT(bad.error().to_string(), Catch::Contains("outside (0, 1)"));
+    }
+    auto tiny = baton::data::hold_out(numbered(5), {.fraction = 0.05});
+    REQUIRE_FALSE(tiny);
+    CHECK_THAT(tiny.error().to_string(), Catch::Contains("leaves the held-out part empty"));
+    auto most = baton::data::hold_out(numbered(5), {.fraction = 0.95});
+    REQUIRE_FALSE(most);
+    CHECK_THAT(most.error().to_string(), Catch::Contains("leaves the training part empty"));
+  }
 }

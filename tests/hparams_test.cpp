@@ -281,3 +281,95 @@ duration = "1ep"
   CHECK_THAT(text, Catch::Contains("lr = 0.05") && Catch::Contains("weight_decay = 2e-04"));  // shortest round trip
   CHECK_THAT(text, !Catch::Contains("0000000"));
 }
+
+TEST_CASE("every dataset kind takes offset, limit and a held-out part, equal to the C++ functions", "[hparams][split]") {
+  const std::string head = R"(
+[run]
+name = "split"
+max_duration = "1ep"
+[model]
+name = "mlp"
+widths = [8, 4]
+[datasets.all]
+kind = "synthetic"
+samples = 300
+seed = 3
+)";
+  const std::string parts = R"(
+[datasets.train]
+kind = "synthetic"
+samples = 300
+seed = 3
+offset = 20
+limit = 200
+holdout = { fraction = 0.25, seed = 9, part = "train" }
+[datasets.val]
+kind = "synthetic"
+samples = 300
+seed = 3
+offset = 20
+limit = 200
+holdout = { fraction = 0.25, seed = 9, part = "val" }
+)";
+  const std::string stage = R"(
+[[stages]]
+name = "a"
+duration = "1ep"
+data = "train"
+eval = { sets = ["val"] }
+)";
+  const auto value = [](auto r) {
+    if (!r) FAIL(r.error().to_string());
+    return *r;
+  };
+  const auto cur = parse(head + parts + stage);
+  const auto all = value(cur.dataset("all"));
+  const auto expected = value(baton::data::hold_out(value(baton::data::slice(all, 20, 200)), {.fraction = 0.25, .seed = 9}));
+  const auto train = value(cur.dataset("train"));
+  const auto val = value(cur.dataset("val"));
+  CHECK(train.size() == 150);
+  CHECK(val.size() == 50);
+  CHECK(torch::equal(train.inputs, expected.train.inputs));
+  CHECK(torch::equal(train.targets, expected.train.targets));
+  CHECK(torch::equal(val.inputs, expected.val.inputs));
+  CHECK(torch::equal(val.targets, expected.val.targets));
+  CHECK(cur.validate());
+
+  auto problems = [&](const std::string& datasets) {
+    auto bad = baton::parse_curriculum(head + datasets + stage, "bad.toml");
+    REQUIRE_FALSE(bad);
+    return bad.error().to_string();
+  };
+  SECTION("a train and a val part over different ranges could share samples: an error before any training") {
+    std::string other = parts;
+    other.replace(other.rfind("limit = 200"), 11, "limit = 100");
+    CHECK_THAT(problems(other), Catch::Contains("datasets.val (holdout part \"val\") and datasets.train (part \"train\") "
+                                                "split different ranges of the same data ([20, 120) and [20, 220))"));
+  }
+  SECTION("bad keys and values name the key and where it is") {
+    const auto text = problems(R"(
+[datasets.train]
+kind = "synthetic"
+offset = -3
+holdout = { fraction = 1.5, part = "test", sed = 1 }
+[datasets.val]
+kind = "synthetic"
+holdout = 0.1
+)");
+    CHECK_THAT(text, Catch::Contains("bad.toml:") && Catch::Contains("datasets.train.offset: must be >= 0, got -3"));
+    CHECK_THAT(text, Catch::Contains("datasets.train.holdout.fraction: must be in (0, 1), got 1.5"));
+    CHECK_THAT(text, Catch::Contains("datasets.train.holdout.part: \"test\" is not one of train, val"));
+    CHECK_THAT(text, Catch::Contains("unknown key \"sed\" (did you mean \"seed\"?)"));
+    CHECK_THAT(text, Catch::Contains("datasets.val.holdout: expected a table"));
+  }
+  SECTION("a missing part, and an offset past the data's end when it loads") {
+    CHECK_THAT(problems("[datasets.train]\nkind = \"synthetic\"\nholdout = { fraction = 0.5 }\n"),
+               Catch::Contains("datasets.train.holdout.part: required"));
+    auto far = parse(head + "[datasets.train]\nkind = \"synthetic\"\nsamples = 300\noffset = 300\n[datasets.val]\n"
+                            "kind = \"synthetic\"\n" + stage);
+    auto loaded = far.dataset("train");
+    REQUIRE_FALSE(loaded);
+    CHECK_THAT(loaded.error().to_string(), Catch::Contains("dataset \"train\"") && Catch::Contains("offset 300 is past its end"));
+    CHECK_FALSE(far.validate());
+  }
+}

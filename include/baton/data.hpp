@@ -110,6 +110,36 @@ struct SyntheticOptions {
 /// ```
 Expected<Dataset> synthetic(const SyntheticOptions& options);
 
+/// The samples [offset, offset + limit) of `dataset` (to its end when `limit` is 0), sharing its
+/// memory. An offset at or past the end, or a negative offset or limit, is an error naming the
+/// dataset and its size.
+Expected<Dataset> slice(const Dataset& dataset, std::int64_t offset, std::int64_t limit = 0);
+
+/// Options of `data::hold_out` (in a curriculum: `holdout = { fraction, seed, part }` on any dataset).
+struct HoldOutOptions {
+  double fraction = 0.1;   ///< share of the samples in the held-out part, in (0, 1)
+  std::uint64_t seed = 0;  ///< which samples: the split is a pure function of (seed, size)
+};
+
+/// The two parts of a held-out split.
+struct HeldOut {
+  Dataset train;  ///< the samples not held out, in their original order; named "<name>:train"
+  Dataset val;    ///< the held-out samples (round(fraction * size) of them), in their original order; "<name>:val"
+};
+
+/// Splits `dataset` into a training part and a held-out validation part that are disjoint and
+/// together hold every sample once. Which samples are held out is a pure function of
+/// (options.seed, dataset.size()), the same on every platform; it does not depend on the data
+/// order's seed, so a run's seed can change without moving samples between the parts. Both parts
+/// keep the dataset's order and are copies (the source can be freed). Errors: a fraction outside
+/// (0, 1), or one that leaves a part empty.
+///
+/// ```cpp
+/// auto full = baton::data::fashion_mnist(baton::Split::train);
+/// auto parts = baton::data::hold_out(*full, {.fraction = 0.1});   // 54,000 train, 6,000 val
+/// ```
+Expected<HeldOut> hold_out(const Dataset& dataset, const HoldOutOptions& options = {});
+
 /// The order in which epoch `epoch` visits a dataset of `size` samples: a permutation of
 /// [0, size) that depends only on (seed, epoch, size), identical on every platform and LibTorch
 /// version (its own SplitMix64 + Fisher-Yates, not torch::randperm). With `shuffle == false`, the

@@ -23,48 +23,6 @@ using detail::Document;
 using detail::Problems;
 using detail::Reader;
 
-// ---------------------------------------------------------------- the document
-Expected<Dataset> detail::Document::dataset(const std::string& name) const {
-  if (auto it = bound.find(name); it != bound.end()) return it->second;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = cache.find(name); it != cache.end()) return it->second;
-  const auto* table = root["datasets"][name].as_table();
-  Expected<Dataset> loaded = [&]() -> Expected<Dataset> {
-    if (!table) {
-      std::vector<std::string> names;
-      if (const auto* ds = root["datasets"].as_table())
-        for (auto&& [k, v] : *ds) names.emplace_back(k.str());
-      for (const auto& [k, v] : bound) names.push_back(k);
-      return fail(ErrorCode::invalid_spec, fmt::format("no dataset \"{}\"; datasets: {}", name, fmt::join(names, ", ")));
-    }
-    const auto kind = (*table)["kind"].value<std::string>().value_or("");
-    const auto entry_it = registry.datasets.find(kind);
-    if (entry_it == registry.datasets.end())
-      return fail(ErrorCode::invalid_spec, fmt::format("unknown dataset kind \"{}\"", kind));
-    const auto& entry = entry_it->second;
-    Problems ignored{source, {}};
-    Params params = detail::to_params(*table, {"kind", "limit"}, "datasets." + name, ignored);
-    // The built-in kinds' input paths, when relative, start at the curriculum file's directory
-    // (as the file's reader expects), not the working directory; the text (and fingerprint) keeps
-    // what the file says.
-    static const std::map<std::string, std::vector<std::string>> kPathKeys = {
-        {"fashion-mnist", {"dir"}}, {"idx", {"images", "labels"}}, {"csv", {"path"}}};
-    if (auto keys = kPathKeys.find(kind); keys != kPathKeys.end() && !base_dir.empty())
-      for (const auto& key : keys->second)
-        if (auto it = params.find(key); it != params.end())
-          if (auto* text = std::get_if<std::string>(&it->second); text && std::filesystem::path(*text).is_relative())
-            *text = (base_dir / *text).string();
-    auto ds = detail::guard([&] { return entry.load(params); });
-    if (!ds) return tl::unexpected(ds.error().with_context(fmt::format("dataset \"{}\"", name)));
-    if (const auto* limit = table->get("limit"); limit && limit->is_integer() && *limit->value<std::int64_t>() > 0)
-      *ds = ds->head(*limit->value<std::int64_t>());
-    ds->name = name;
-    return ds;
-  }();
-  cache.emplace(name, loaded);
-  return loaded;
-}
-
 // ---------------------------------------------------------------- Curriculum
 struct Curriculum::Impl {
   std::shared_ptr<Document> doc;
@@ -278,34 +236,6 @@ void check_model(const toml::table& root, const Registry& registry, Problems& p)
   }
 }
 
-/// [datasets.<name>]: each a kind the registry knows, with only its keys.
-void check_datasets(const toml::table& root, const Registry& registry, Problems& p) {
-  const auto* ds = root["datasets"].as_table();
-  if (!ds) return;
-  std::vector<std::string> kinds;
-  for (const auto& [k, v] : registry.datasets) kinds.push_back(k);
-  for (auto&& [name, node] : *ds) {
-    const std::string path = fmt::format("datasets.{}", name.str());
-    const auto* t = node.as_table();
-    if (!t) { p.add(&node, path + ": expected a table with kind = ..."); continue; }
-    auto kind = Reader{p, path + "."}.string(t->get("kind"), "kind");
-    if (!kind) {
-      if (!t->get("kind")) p.add(t, fmt::format("{}.kind: required; kinds: {}", path, fmt::join(kinds, ", ")));
-      continue;
-    }
-    auto it = registry.datasets.find(*kind);
-    if (it == registry.datasets.end()) {
-      p.add(t->get("kind"), fmt::format("{}.kind: unknown dataset kind \"{}\"{}; kinds: {}", path, *kind,
-                                        detail::did_you_mean(*kind, kinds), fmt::join(kinds, ", ")));
-      continue;
-    }
-    auto keys = it->second.keys;
-    keys.insert(keys.begin(), {"kind", "limit"});
-    detail::check_keys(*t, keys, path, p);
-    Reader{p, path + "."}.integer(t->get("limit"), "limit", 0);
-  }
-}
-
 /// [defaults] and [[stages]]: known keys, unique names, a duration each. True when every stage
 /// is a table with a name, so that builders can be made for them.
 bool check_stage_tables(const toml::table& root, const std::string& source, Problems& p) {
@@ -394,7 +324,7 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
   detail::check_keys(root, {"run", "model", "datasets", "defaults", "stages"}, "(top level)", p);
   read_run(root, source, doc->run, p);
   check_model(root, registry, p);
-  check_datasets(root, registry, p);
+  detail::check_datasets(root, registry, p);
   const bool stages_ok = check_stage_tables(root, source, p);
   if (!p.empty() && !stages_ok) return tl::unexpected(p.error());
 

@@ -5,6 +5,7 @@
 //   toml_values.cpp  problems with their place, typed reads of TOML values, --set overrides
 //   registry.cpp     the built-in models and dataset kinds
 //   builder.cpp      SpecBuilder: one stage's table -> TrainingSpec
+//   datasets.cpp     [datasets.<name>]: checks, loading, offset / limit / holdout
 //   curriculum.cpp   the document, Curriculum, parse_curriculum / load_curriculum
 #include <cstdint>
 #include <functional>
@@ -92,6 +93,10 @@ bool insert_at(toml::table& t, const std::vector<std::string>& parts, std::size_
 /// Applies `--set path=value` overrides to the document, with the file's own paths
 /// (stage.<name>.key for a [[stages]] entry).
 void apply_overrides(toml::table& root, const std::vector<std::string>& overrides, Problems& p);
+
+/// [datasets.<name>] tables (datasets.cpp): each a kind the registry knows, with only its keys and
+/// the keys every kind takes (offset, limit, holdout); held-out parts that could share samples.
+void check_datasets(const toml::table& root, const Registry& registry, Problems& p);
 
 /// The parsed file and what every builder shares.
 struct Document {
