@@ -507,3 +507,51 @@ eval = { weights = "ema" }
   CHECK(sha_of(dir / "run/final.baton") == before);
   fs::remove_all(dir);
 }
+
+TEST_CASE("baton run --for / --until: stop cleanly, look, go on -- the pieces equal one run", "[cli][pause]") {
+  const auto dir = temp_dir("pause");
+  std::ofstream(dir / "c.toml") << kSynthetic
+                                << "[[stages]]\nname = \"a\"\nduration = \"1ep\"\n"
+                                   "[[stages]]\nname = \"b\"\nduration = \"1ep\"\nbatch_size = 50\n";
+  const std::string file = (dir / "c.toml").string();
+  const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
+  REQUIRE(whole.rc == 0);
+  const std::string pieces = " --run-dir " + (dir / "pieces").string();
+
+  // 20 batches of 25 in stage a: pause inside it, evaluate the checkpoint, go on by epochs.
+  auto first = run("run " + file + pieces + " --until 7ba");
+  INFO(first.out);
+  REQUIRE(first.rc == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(first.out, m, std::regex("paused at epoch 0, batch 7 \\(stage \"a\"\\); checkpoint (\\S+)")));
+  const std::string checkpoint = m[1];
+  REQUIRE(fs::is_regular_file(checkpoint));
+  CHECK_THAT(first.out, Catch::Contains("continue with: baton run " + file + pieces));
+  CHECK_FALSE(fs::exists(dir / "pieces/final.baton"));
+  const auto look = run("eval --state " + checkpoint + " --data test");
+  CHECK(look.rc == 0);
+  CHECK_THAT(look.out, Catch::Contains("\"accuracy\""));
+
+  const auto second = run("run " + file + pieces + " --for 1ep");  // to the end of epoch 0: the end of stage a
+  INFO(second.out);
+  REQUIRE(second.rc == 0);
+  CHECK_THAT(second.out, Catch::Contains("paused at epoch 1, batch 20"));
+  const auto last = run("run " + file + pieces + " --for 1ep");  // stage b: the run's end
+  INFO(last.out);
+  REQUIRE(last.rc == 0);
+  CHECK_THAT(last.out, !Catch::Contains("paused") && Catch::Contains("test_accuracy="));
+  CHECK(sha_of(dir / "pieces/final.baton") == sha_of(dir / "whole/final.baton"));
+
+  SECTION("bad pause points: clear errors, exit 2") {
+    const auto both = run("run " + file + pieces + "-x --for 1ep --until 2ep");
+    CHECK(both.rc == 2);
+    CHECK_THAT(both.out, Catch::Contains("--until") && Catch::Contains("--for"));
+    const auto fraction = run("run " + file + pieces + "-x --for 1.5ep");
+    CHECK(fraction.rc == 2);
+    CHECK_THAT(fraction.out, Catch::Contains("--for") && Catch::Contains("whole epochs"));
+    const auto done = run("run " + file + pieces + " --until 1ep");
+    CHECK(done.rc == 0);  // the run is finished: nothing is trained, the final state stands
+    CHECK(sha_of(dir / "pieces/final.baton") == sha_of(dir / "whole/final.baton"));
+  }
+  fs::remove_all(dir);
+}

@@ -409,3 +409,79 @@ duration = "200ba"
   CHECK(got->params_sha256 == expected->params_sha256);
   CHECK(metric_lines(cut) == metric_lines(tmp.path / "whole"));
 }
+
+TEST_CASE("a run paused with pause_after / pause_at and called again equals the run never paused", "[run][pause]") {
+  test::TempDir tmp;
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  const auto specs = stages(stop_at(flag, std::make_shared<std::int64_t>(-1)));
+  const baton::RunOptions base{.dir = tmp.path / "whole", .name = "t", .progress = false};
+  const auto whole = baton::run(base, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE(whole);
+
+  SECTION("one epoch at a time: paused mid-stage, at a stage's end, before a stage that closes a partial epoch") {
+    auto options = base;
+    options.dir = tmp.path / "epochs";
+    options.pause_after = Time::epochs(1);
+    // Stage a is 2 epochs of 10 batches, b one batch (into epoch 2), c five batches from epoch 3.
+    const std::vector<std::int64_t> expected_batches = {10, 20, 21, 26};
+    std::vector<std::int64_t> batches;
+    for (int call = 0; call < 6; ++call) {
+      auto r = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+      REQUIRE(r);
+      REQUIRE_FALSE(r->interrupted);
+      batches.push_back(r->state.time.batch);
+      if (!r->paused) {
+        test::require_same_bits(whole->state, r->state);
+        CHECK(fs::exists(options.dir / "final.baton"));
+        break;
+      }
+      // The checkpoint the result names exists and holds the state the call ended with.
+      REQUIRE(fs::is_regular_file(r->checkpoint));
+      const auto info = baton::read_checkpoint_info(r->checkpoint);
+      REQUIRE(info);
+      CHECK(info->time.batch == r->state.time.batch);
+      CHECK_FALSE(fs::exists(options.dir / "final.baton"));
+    }
+    CHECK(batches == expected_batches);
+    CHECK(metric_lines(options.dir) == metric_lines(base.dir));
+  }
+  SECTION("at points of the run's clock in batches, then samples, then to the end") {
+    auto options = base;
+    options.dir = tmp.path / "points";
+    options.pause_at = Time::batches(15);
+    auto r = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE(r);
+    REQUIRE(r->paused);
+    CHECK(r->state.time.batch == 15);
+    options.pause_at = Time::samples(700);  // the first batch end at or past 700 samples: inside stage c
+    r = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE(r);
+    REQUIRE(r->paused);
+    CHECK(r->state.time.sample == 728);
+    CHECK(r->state.time.batch == 24);
+    // A point already reached is an error that trains nothing.
+    auto reached = options;
+    reached.pause_at = Time::batches(20);
+    auto again = baton::run(reached, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE_FALSE(again);
+    CHECK_THAT(again.error().to_string(), Catch::Contains("nothing to train before the pause point 20ba"));
+    reached.pause_at.reset();
+    reached.pause_after = Time::batches(0);
+    CHECK_FALSE(baton::run(reached, specs, test::new_state(1, Time::epochs(4))));
+    options.pause_at.reset();
+    r = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE(r);
+    CHECK_FALSE(r->paused);
+    test::require_same_bits(whole->state, r->state);
+    CHECK(metric_lines(options.dir) == metric_lines(base.dir));
+  }
+  SECTION("both points at once is an error") {
+    auto options = base;
+    options.dir = tmp.path / "both";
+    options.pause_at = Time::epochs(1);
+    options.pause_after = Time::epochs(1);
+    auto r = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error().to_string(), Catch::Contains("pause_at and pause_after are both set"));
+  }
+}

@@ -59,6 +59,14 @@ struct RunOptions {
   /// error naming the difference; with it the run goes on and records that its bits are no longer
   /// those of an uninterrupted run (RunResult::not_bit_exact, and in every later checkpoint).
   bool accept_runtime_change = false;
+  /// Pause when the run's clock reaches this point: epochs, batches or samples of the whole run
+  /// (Timestamp's counters; "0.5dur" is half the max duration). The run writes a checkpoint there
+  /// and returns with RunResult::paused; called again (with a later pause point or none) it goes
+  /// on from the checkpoint, to the bits of a run never paused. The CLI's `baton run --until`.
+  std::optional<Time> pause_at{};
+  /// Pause after training this much in this call, counted from where it starts or resumes (the
+  /// CLI's `baton run --for 1ep`): "train one more epoch, look, decide". At most one of the two.
+  std::optional<Time> pause_after{};
   bool handle_signals = true;              ///< Ctrl-C/SIGTERM: finish the batch, checkpoint, return interrupted
   bool progress = true;                    ///< a progress bar (a terminal) or lines (a pipe) on stdout
   std::shared_ptr<const std::atomic<bool>> stop{};  ///< set it to stop as a signal would
@@ -81,7 +89,8 @@ struct StageSummary {
 struct RunResult {
   TrainState state;
   bool interrupted = false;                 ///< stopped by a signal or `stop`: run again to resume
-  std::filesystem::path checkpoint{};       ///< the newest checkpoint written (the interrupt's, when interrupted)
+  bool paused = false;                      ///< stopped at RunOptions::pause_at / pause_after: run again to go on
+  std::filesystem::path checkpoint{};       ///< the newest checkpoint written (the interrupt's or the pause's, when stopped)
   std::optional<std::filesystem::path> resumed_from{};
   /// Empty while the run's bits are those of an uninterrupted run; else why not (a resume with
   /// another runtime, accepted with RunOptions::accept_runtime_change). Kept across resumes.

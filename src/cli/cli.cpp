@@ -10,6 +10,7 @@
 #include <iostream>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -53,6 +54,7 @@ struct RunArgs {
   std::string run_dir;
   bool fresh = false;
   bool accept_runtime_change = false;
+  std::string for_time, until_time;  // pause after this much more / at this point of the run
   int nproc = 0;  // > 0: start this many ranks here (baton launch) instead of training
 };
 
@@ -81,17 +83,46 @@ int run_threads(int threads, const Distributed* group) {
   return std::max(1, available_cores() / ranks_here);
 }
 
+/// The command that goes on with this run: the same file, directory and overrides.
+std::string again(const RunArgs& a) {
+  std::string cmd = "baton run " + a.file;
+  if (!a.run_dir.empty()) cmd += " --run-dir " + a.run_dir;
+  for (const auto& s : a.sets) cmd += " --set " + s;
+  return cmd;
+}
+
 int interrupted(const RunArgs& a, const RunResult& r) {
-  std::string again = "baton run " + a.file;
-  if (!a.run_dir.empty()) again += " --run-dir " + a.run_dir;
-  for (const auto& s : a.sets) again += " --set " + s;
   std::error_code ec;
   const bool written = !r.checkpoint.empty() && fs::is_regular_file(r.checkpoint, ec);
   fmt::print(stderr, "baton: interrupted at epoch {}, batch {} (stage \"{}\"); {}.\nResume with: {}\n",
              r.state.time.epoch, r.state.time.batch, r.state.stage,
              written ? "checkpoint written to " + r.checkpoint.string() : "no checkpoint was written by this process",
-             again);
+             again(a));
   return exit_interrupted;
+}
+
+/// Stopped at --for / --until: what was trained, where the state is, and how to go on.
+int paused(const RunArgs& a, const RunResult& r) {
+  fmt::print("\n{}", r.summary());
+  std::error_code ec;
+  if (!r.checkpoint.empty() && fs::is_regular_file(r.checkpoint, ec))
+    fmt::print("paused at epoch {}, batch {} (stage \"{}\"); checkpoint {}\nevaluate with: baton eval --state {} --data NAME\n",
+               r.state.time.epoch, r.state.time.batch, r.state.stage, r.checkpoint.string(), r.checkpoint.string());
+  else
+    fmt::print("paused at epoch {}, batch {} (stage \"{}\")\n", r.state.time.epoch, r.state.time.batch, r.state.stage);
+  fmt::print("continue with: {} [--for TIME | --until TIME]\n", again(a));
+  return exit_ok;
+}
+
+/// --for / --until as the run's pause point.
+Expected<void> read_pause(const RunArgs& a, RunOptions& o) {
+  for (const auto& [flag, text, field] : {std::tuple{"--for", &a.for_time, &o.pause_after}, std::tuple{"--until", &a.until_time, &o.pause_at}}) {
+    if (text->empty()) continue;
+    auto t = Time::parse(*text);
+    if (!t) return tl::unexpected(t.error().with_context(flag));
+    *field = *t;
+  }
+  return {};
 }
 
 /// `baton run`: the curriculum's stages through `baton::run` (run.hpp), which owns the run
@@ -106,6 +137,7 @@ int run(const RunArgs& a, const Registry& registry) {
   if (!a.run_dir.empty()) options.dir = a.run_dir;
   options.fresh = a.fresh;
   options.accept_runtime_change = a.accept_runtime_change;
+  if (auto ok = read_pause(a, options); !ok) return report(ok.error());
   auto group = join_launcher(options.dir);
   if (!group) return report(group.error());
   options.distributed = *group;
@@ -121,6 +153,7 @@ int run(const RunArgs& a, const Registry& registry) {
   if (!result) return report(result.error());
   if (result->interrupted) return interrupted(a, *result);
   if (*group && (*group)->rank() != 0) return exit_ok;  // rank 0 wrote the final state
+  if (result->paused) return paused(a, *result);
   fmt::print("\n{}", result->summary());
   fmt::print("total time {}; final state {} (params_sha256 {})\n",
              duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
@@ -188,6 +221,8 @@ int run_ranks(const RunArgs& a) {
   if (!a.run_dir.empty()) lo.command.insert(lo.command.end(), {"--run-dir", a.run_dir});
   if (a.fresh) lo.command.emplace_back("--fresh");
   if (a.accept_runtime_change) lo.command.emplace_back("--accept-runtime-change");
+  if (!a.for_time.empty()) lo.command.insert(lo.command.end(), {"--for", a.for_time});
+  if (!a.until_time.empty()) lo.command.insert(lo.command.end(), {"--until", a.until_time});
   return launch(lo);
 }
 
@@ -216,6 +251,11 @@ int main(int argc, char** argv, const Registry& registry) {
   run_cmd->add_option("--set", run_args.sets, "Override a value: path=value, e.g. stage.main.optimizer.lr=1e-3");
   run_cmd->add_option("--run-dir", run_args.run_dir, "Run directory (default: run.run_dir)");
   run_cmd->add_flag("--fresh", run_args.fresh, "Start over: remove the run directory's checkpoints and metrics");
+  auto* for_opt = run_cmd->add_option("--for", run_args.for_time,
+                                      "Train this much more (e.g. 1ep, 200ba), checkpoint and stop (exit 0); run again to go on");
+  run_cmd->add_option("--until", run_args.until_time,
+                      "Train until the run's clock reaches this (e.g. 3ep), checkpoint and stop (exit 0)")
+      ->excludes(for_opt);
   run_cmd->add_flag("--accept-runtime-change", run_args.accept_runtime_change,
                     "Resume even where threads, LibTorch, CPU kernels or BLAS differ from the checkpoint's (the run "
                     "is then marked not bit-exact)");

@@ -1,6 +1,7 @@
 // baton::run: a chain of stages with a run directory (run.hpp). The CLI's `baton run` is this
 // call on a TOML curriculum.
 #include <chrono>
+#include <cmath>
 #include <set>
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "run/metrics.hpp"
 #include "run/run_lock.hpp"
 #include "train/carry.hpp"
+#include "train/horizon.hpp"
 #include "train/signals.hpp"
 
 namespace baton {
@@ -48,6 +50,51 @@ Expected<void> check_stages(const RunOptions& o, const std::vector<TrainingSpec>
   return {};
 }
 
+/// A pause point on the run's clock: whole epochs (the epoch counter), batches or samples.
+struct PausePoint {
+  TimeUnit unit = TimeUnit::batch;
+  std::int64_t target = 0;
+
+  /// Where `s` stands on this point's counter before `spec`'s fit: a new stage first closes a
+  /// partial epoch, so that epoch counts as ended.
+  [[nodiscard]] std::int64_t now(const TrainingSpec& spec, const TrainState& s) const {
+    if (unit == TimeUnit::batch) return s.time.batch;
+    if (unit == TimeUnit::sample) return s.time.sample;
+    return s.time.epoch + (s.stage != spec.name && s.time.sample_in_epoch > 0 ? 1 : 0);
+  }
+  [[nodiscard]] std::string text() const { return Time{static_cast<double>(target), unit}.to_string(); }
+
+  /// From RunOptions::pause_at, or pause_after counted from where `s` stands before `next`'s fit
+  /// (epochs: until that many more epochs have ended, so from the middle of epoch 3, "1ep" pauses
+  /// at the start of epoch 4). A point the run has reached already is an error, not a no-op.
+  static Expected<std::optional<PausePoint>> make(const RunOptions& o, const TrainingSpec& next, const TrainState& s) {
+    if (o.pause_at && o.pause_after)
+      return fail(ErrorCode::invalid_argument, "run: pause_at and pause_after are both set; give at most one");
+    const auto& when = o.pause_at ? o.pause_at : o.pause_after;
+    if (!when) return std::optional<PausePoint>{};
+    if (auto ok = when->check(); !ok) return tl::unexpected(ok.error().with_context("run: the pause point"));
+    const Time t = detail::resolve(*when, s.max_duration);  // "dur": a fraction of the max, in its unit
+    PausePoint p{t.unit, std::llround(t.value)};
+    if (o.pause_after) p.target += p.now(next, s);
+    if (p.target <= p.now(next, s))
+      return fail(ErrorCode::invalid_argument,
+                  fmt::format("run: nothing to train before the pause point {}: the run is at {}", p.text(), s.time.to_string()));
+    return std::optional<PausePoint>{p};
+  }
+
+  /// What `spec`'s fit on `s` may train before the pause point: batches or samples (zero: pause now).
+  [[nodiscard]] Time budget(const TrainingSpec& spec, const TrainState& s) const {
+    const std::int64_t left = std::max<std::int64_t>(0, target - now(spec, s));
+    if (unit != TimeUnit::epoch) return Time{static_cast<double>(left), unit};
+    if (left == 0) return Time::batches(0);
+    // Epochs: the batches to the end of epoch `target - 1`.
+    const std::int64_t in_epoch = s.stage != spec.name ? 0 : s.time.sample_in_epoch;
+    const std::int64_t n = spec.data.train.size(), b = spec.data.batch_size;
+    auto batches = [&](std::int64_t samples) { return spec.data.drop_last ? samples / b : (samples + b - 1) / b; };
+    return Time::batches(batches(n - in_epoch) + (left - 1) * batches(n));
+  }
+};
+
 /// One call of `run`: the directory, its writers, and the stages trained so far.
 class Runner {
  public:
@@ -74,9 +121,13 @@ class Runner {
                       result_.state.time.epoch, result_.state.time.batch));
       if (!r.not_bit_exact.empty()) say(fmt::format("not bit-exact: {}", r.not_bit_exact));
     }
+    auto pause = first < stages_.size() ? PausePoint::make(o_, stages_[first], result_.state)
+                                        : Expected<std::optional<PausePoint>>{std::nullopt};
+    if (!pause) return tl::unexpected(pause.error());
+    pause_ = *pause;
     for (std::size_t i = first; i < stages_.size(); ++i) {
       if (auto ok = train_stage(i); !ok) return tl::unexpected(ok.error());
-      if (result_.interrupted) return std::move(result_);
+      if (result_.interrupted || result_.paused) return std::move(result_);
     }
     if (auto ok = finish(); !ok) return tl::unexpected(ok.error());
     return std::move(result_);
@@ -176,10 +227,19 @@ class Runner {
     auto trace = std::make_shared<detail::StageTrace>();
     const TrainingSpec spec = attach(stages_[index], index, trace);
     const bool resumed = resumed_mid_stage_ && static_cast<std::int64_t>(index) == resume_index_;
-    if (!resumed) log_stage_start(spec, index);
     const Timestamp start = result_.state.time;
+    std::optional<Time> budget;
+    bool pauses = false;  // the pause point comes before the stage's end
+    if (pause_) {
+      budget = pause_->budget(spec, result_.state);
+      if (budget->value == 0) return pause_here(index, false);
+      auto until = fit_end(spec, result_.state, budget), end = stage_end(spec, result_.state);
+      if (!until || !end) return tl::unexpected((until ? end : until).error());
+      pauses = until->batch < end->batch;
+    }
+    if (!resumed) log_stage_start(spec, index);
     const auto t0 = WallClock::now();
-    auto next = fit(spec, std::move(result_.state));
+    auto next = budget ? fit(spec, std::move(result_.state), *budget) : fit(spec, std::move(result_.state));
     if (!next) {
       if (progress_) progress_->line("");
       return tl::unexpected(next.error());
@@ -199,7 +259,21 @@ class Runner {
       say(fmt::format("[{}] {} batches skipped: non-finite loss or gradients (on_non_finite = \"skip\")", spec.name,
                       rec.skipped_batches));
     if (!rec.stop_reason.empty()) say(fmt::format("[{}] stage ended early: {}", spec.name, rec.stop_reason));
+    else if (pauses) return pause_here(index, true);
     return end_stage(row, index, rec.stop_reason);
+  }
+
+  /// At the pause point: a checkpoint of the stage in progress (none when the point is a stage's
+  /// start: the previous stage's end checkpoint, written by this call, is where a rerun goes on).
+  Expected<void> pause_here(std::size_t index, bool mid_stage) {
+    result_.paused = true;
+    say(fmt::format("paused at {} ({}), as asked", pause_->text(), result_.state.time.to_string()));
+    if (!lead_ || !mid_stage) return {};
+    const fs::path path = o_.dir / "checkpoints" / checkpoint_name(result_.state.time.batch, false);
+    if (auto ok = save_checkpoint(result_.state, path, meta(index, false)); !ok)
+      return tl::unexpected(ok.error().with_context("checkpoint"));
+    result_.checkpoint = path;
+    return {};
   }
 
   void log_stage_start(const TrainingSpec& spec, std::size_t index) {
@@ -255,6 +329,7 @@ class Runner {
   const std::vector<TrainingSpec>& stages_;
   bool lead_ = true, resumed_mid_stage_ = false;
   std::int64_t resume_index_ = -1;
+  std::optional<PausePoint> pause_;
   std::string config_, fingerprint_, numerics_;
   std::optional<detail::RunLock> lock_;
   std::shared_ptr<Progress> progress_;
