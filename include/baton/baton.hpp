@@ -22,4 +22,5 @@
 #include "baton/schedule.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
+#include "baton/sweep.hpp"
 #include "baton/time.hpp"

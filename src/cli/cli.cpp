@@ -25,6 +25,7 @@
 #include "baton/runtime.hpp"
 #include "baton/report.hpp"
 #include "baton/run.hpp"
+#include "baton/sweep.hpp"
 #include "launch.hpp"
 
 namespace baton::cli {
@@ -163,6 +164,43 @@ int run(const RunArgs& a, const Registry& registry) {
   return exit_ok;
 }
 
+// ---------------------------------------------------------------- sweep
+struct SweepArgs {
+  std::string file, dir, metric;
+  std::vector<std::string> sets, grid;
+  bool minimize = false;
+};
+
+/// `baton sweep`: the grid's points through `baton::sweep` (sweep.hpp), stages shared by points trained once.
+int sweep(const SweepArgs& a, const Registry& registry) {
+  auto points = sweep_grid(a.grid);
+  if (!points) return report(points.error());
+  auto cur = load_curriculum(a.file, a.sets, registry);
+  if (!cur) return report(cur.error());
+  auto runtime = configure_runtime({.threads = cur->run().threads});
+  if (!runtime) return report(runtime.error());
+  fmt::print("{}\n", runtime->to_string());
+  SweepOptions o{.dir = a.dir.empty() ? fs::path(cur->run_options().dir.string() + "-sweep") : fs::path(a.dir),
+                 .sets = a.sets, .points = *points, .metric = a.metric, .maximize = !a.minimize, .registry = registry};
+  fmt::print("sweep of {} points over {} stages, directory {}\n", o.points.size(), cur->stages().size(), o.dir.string());
+  const auto started = std::chrono::steady_clock::now();
+  auto r = baton::sweep(a.file, o);
+  if (!r) return report(r.error());
+  std::string again = "baton sweep " + a.file;
+  for (const auto& g : a.grid) again += " --grid '" + g + "'";
+  for (const auto& s : a.sets) again += " --set " + s;
+  if (!a.dir.empty()) again += " --dir " + a.dir;
+  if (r->interrupted) {
+    fmt::print(stderr, "baton: sweep interrupted; every finished stage run is kept. Go on with: {}\n", again);
+    return exit_interrupted;
+  }
+  fmt::print("\n{}", r->table());
+  fmt::print("total time {}; summary {}; report {}\n",
+             duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
+             (o.dir / "sweep.json").string(), (o.dir / "report.html").string());
+  return exit_ok;
+}
+
 // ---------------------------------------------------------------- validate, eval, inspect
 int validate(const std::string& file, const std::vector<std::string>& sets, const Registry& registry) {
   auto cur = load_curriculum(file, sets, registry);
@@ -272,6 +310,15 @@ int main(int argc, char** argv, const Registry& registry) {
   launch_cmd->add_flag("--rank-logs", launch_args.rank_logs, "Ranks > 0 write their output to <run dir>/rank-<k>.log");
   launch_cmd->add_option("command", launch_args.command, "The command each rank runs (after --)")->required();
 
+  SweepArgs sweep_args;
+  auto* sweep_cmd = app.add_subcommand("sweep", "Train a grid of overrides; stages the points share are trained once");
+  sweep_cmd->add_option("file", sweep_args.file, "Curriculum file (TOML)")->required()->check(CLI::ExistingFile);
+  sweep_cmd->add_option("--grid", sweep_args.grid, "An axis: path=[v1, v2, ...]; several make a product")->required();
+  sweep_cmd->add_option("--set", sweep_args.sets, "Override a value for every point: path=value");
+  sweep_cmd->add_option("--dir", sweep_args.dir, "Sweep directory (default: the run directory + \"-sweep\")");
+  sweep_cmd->add_option("--metric", sweep_args.metric, "set/metric that ranks the points (default: the accuracy of the first set the last stage evaluates)");
+  sweep_cmd->add_flag("--minimize", sweep_args.minimize, "The best point has the smallest metric (e.g. a loss)");
+
   std::string validate_file;
   std::vector<std::string> validate_sets;
   auto* validate_cmd = app.add_subcommand("validate", "Check a curriculum (every problem at once); train nothing");
@@ -309,6 +356,7 @@ int main(int argc, char** argv, const Registry& registry) {
     }
     if (*run_cmd && run_args.nproc > 0 && !launched_distributed()) return run_ranks(run_args);
     if (*run_cmd) return run(run_args, registry);
+    if (*sweep_cmd) return sweep(sweep_args, registry);
     if (*validate_cmd) return validate(validate_file, validate_sets, registry);
     if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, registry);
     if (*inspect_cmd) return inspect(inspect_path);

@@ -1,0 +1,73 @@
+#pragma once
+/// \file sweep.hpp
+/// Sweeps that share their prefix. Because a `TrainState` is a value, points of a sweep that
+/// agree on their first stages (the same resolved configuration up to a stage) train those stages
+/// once; each point goes on from a copy of the shared state. `baton sweep` is this call.
+///
+/// ```cpp
+/// auto points = baton::sweep_grid({"stage.finetune.optimizer.lr=[1e-4, 3e-4, 1e-3]"});
+/// auto result = baton::sweep("fashion.toml", {.dir = "sweeps/lr", .points = *points});
+/// if (result) fmt::print("{}", result->table());
+/// ```
+///
+/// The sweep directory holds one run directory per node of the tree (`<stage index>-<stage
+/// name>-<12 hex digits of the configuration up to it>`), each a `baton::run` of one stage that
+/// starts from its parent's `final.baton`. Called again, every node resumes like any run (a
+/// finished node trains nothing), so a sweep stopped by Ctrl-C or kill -9 goes on where it was.
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "baton/error.hpp"
+#include "baton/eval.hpp"
+#include "baton/hparams.hpp"
+
+namespace baton {
+
+/// One point of a sweep: overrides with the curriculum's paths (as `baton run --set`).
+using SweepPoint = std::vector<std::string>;
+
+/// The points of a grid: each axis "path=[v1, v2, ...]" (the values a TOML array); the product
+/// of the axes, the last varying fastest. Errors name the axis and what is wrong with it.
+Expected<std::vector<SweepPoint>> sweep_grid(const std::vector<std::string>& axes);
+
+struct SweepOptions {
+  std::filesystem::path dir{};         ///< the sweep directory (created if missing)
+  std::vector<std::string> sets{};     ///< overrides for every point, before the point's own
+  std::vector<SweepPoint> points{};    ///< at least one
+  std::string metric{};                ///< "set/metric" that ranks the points; empty: the accuracy of the first set the last stage evaluates
+  bool maximize = true;                ///< the best point has the largest metric (false: the smallest)
+  bool progress = true;                ///< progress lines on stdout
+  bool report = true;                  ///< write dir/report.html: every node's metrics overlaid
+  Registry registry = Registry::builtin();
+};
+
+/// What one point of a sweep gave.
+struct SweepPointResult {
+  SweepPoint overrides;
+  std::size_t shared_stages = 0;        ///< stages trained once for this point and at least one other
+  std::filesystem::path final_state;    ///< the run directory's final.baton of its last stage
+  std::string params_sha256;
+  Metrics final_metrics{};              ///< the last evaluation of its last stage
+  double score = 0;                     ///< the ranking metric (NaN when the point has none)
+};
+
+struct SweepResult {
+  std::vector<SweepPointResult> points;  ///< in the order of SweepOptions::points
+  std::size_t best = 0;                  ///< index of the best point
+  std::size_t stages_trained = 0;        ///< tree nodes (stage runs); a sweep without sharing trains points x stages
+  std::size_t stages_total = 0;          ///< points x stages
+  std::string metric;                    ///< the ranking metric's name
+  bool maximize = true;                  ///< as SweepOptions::maximize
+  bool interrupted = false;              ///< Ctrl-C or SIGTERM: a checkpoint was written; call again to go on
+  /// One row per point, best first, the best marked with '*'.
+  [[nodiscard]] std::string table() const;
+};
+
+/// Trains every point of `options.points` on the curriculum `file`, sharing the stages points
+/// agree on. Errors: those of the curriculum (for any point, all found before training) and of
+/// `run`, with the point's overrides as context.
+Expected<SweepResult> sweep(const std::filesystem::path& file, const SweepOptions& options);
+
+}  // namespace baton
