@@ -298,7 +298,7 @@ Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
   // the machine changes is checked on resume by numerics_environment (run.hpp). It is the same for
   // a file and its resolved form.
   if (auto* run = head["run"].as_table())
-    for (const char* k : {"run_dir", "threads", "checkpoint_every", "keep_checkpoints", "tensorboard"}) run->erase(k);
+    for (const auto& k : detail::kRunOutputKeys) run->erase(k);
   std::ostringstream fps;
   fps << head;
   impl.fingerprint = detail::sha256_hex(fps.str());

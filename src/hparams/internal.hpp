@@ -26,6 +26,11 @@
 
 namespace baton::detail {
 
+/// [run] keys that say where and how a run writes or which threads it uses, not what it trains:
+/// left out of the fingerprint (and of what sweep points compare).
+inline const std::vector<std::string> kRunOutputKeys = {"run_dir", "threads", "checkpoint_every", "keep_checkpoints",
+                                                        "tensorboard"};
+
 /// Stage keys that a stage inherits from earlier stages and [defaults].
 inline const std::vector<std::string> kInheritable = {"data", "batch_size", "shuffle", "drop_last", "loss",
                                                       "optimizer", "schedule", "clock", "grad_accum",

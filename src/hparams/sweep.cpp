@@ -46,7 +46,7 @@ Expected<Plan> plan(const fs::path& file, const SweepOptions& o, const SweepPoin
     return fail(ErrorCode::invalid_spec, fmt::format("the resolved configuration does not read back: {}", e.description()));
   }
   if (auto* run = t["run"].as_table())
-    for (const char* k : {"run_dir", "threads", "checkpoint_every", "keep_checkpoints", "tensorboard"}) run->erase(k);
+    for (const auto& k : detail::kRunOutputKeys) run->erase(k);
   toml::table head;
   for (const char* key : {"run", "model", "datasets"})
     if (const auto* n = t.get(key)) n->visit([&](auto&& v) { head.insert(key, v); });
@@ -170,7 +170,12 @@ Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
     r.stages_total += p.keys.size();
     for (const auto& k : p.keys) users[k] += 1;
   }
-  std::map<std::string, std::pair<fs::path, RunResult>> done;  // key -> node directory, result
+  struct Node {
+    fs::path dir;
+    std::string params_sha256;
+    Metrics final_metrics;
+  };
+  std::map<std::string, Node> done;  // key -> the node trained (its state is in dir/final.baton, not kept here)
   std::vector<fs::path> dirs;
   // Level by level: a node's parent is the node of the stage before, trained at the level above.
   for (std::size_t level = 0;; ++level) {
@@ -184,7 +189,7 @@ Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
       const fs::path node = o.dir / fmt::format("{}-{}-{}", level, spec.name, key.substr(0, 12));
       auto factory = p.cur.model();
       if (!factory) return tl::unexpected(factory.error());
-      auto initial = level == 0 ? p.cur.init() : load_checkpoint(done.at(p.keys[level - 1]).first / "final.baton", *factory);
+      auto initial = level == 0 ? p.cur.init() : load_checkpoint(done.at(p.keys[level - 1]).dir / "final.baton", *factory);
       if (!initial) return tl::unexpected(initial.error().with_context(fmt::format("sweep node {}", node.string())));
       RunOptions ro = p.cur.run_options();
       ro.dir = node;
@@ -202,13 +207,13 @@ Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
       }
       ++r.stages_trained;
       dirs.push_back(node);
-      done.emplace(key, std::make_pair(node, std::move(*res)));
+      done.emplace(key, Node{node, params_sha256(res->state), std::move(res->final_metrics)});
     }
     if (!any) break;
   }
   for (const auto& p : plans) {
-    const auto& [dir, leaf] = done.at(p.keys.back());
-    SweepPointResult pr{p.overrides, 0, dir / "final.baton", params_sha256(leaf.state), leaf.final_metrics, 0};
+    const auto& leaf = done.at(p.keys.back());
+    SweepPointResult pr{p.overrides, 0, leaf.dir / "final.baton", leaf.params_sha256, leaf.final_metrics, 0};
     while (pr.shared_stages < p.keys.size() && users[p.keys[pr.shared_stages]] > 1) ++pr.shared_stages;
     r.points.push_back(std::move(pr));
   }
