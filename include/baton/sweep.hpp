@@ -12,8 +12,14 @@
 ///
 /// The sweep directory holds one run directory per node of the tree (`<stage index>-<stage
 /// name>-<12 hex digits of the configuration up to it>`), each a `baton::run` of one stage that
-/// starts from its parent's `final.baton`. Called again, every node resumes like any run (a
-/// finished node trains nothing), so a sweep stopped by Ctrl-C or kill -9 goes on where it was.
+/// starts from its parent's `final.baton`, and writes `sweep-node.json` (its parent, its
+/// `params_sha256`, its last metrics) when it has finished. Called again, every unfinished node
+/// resumes like any run and a finished one is read back, so a sweep stopped by Ctrl-C or kill -9
+/// goes on where it was.
+///
+/// With `jobs` > 1, nodes whose parent has finished train in parallel processes (`executable
+/// sweep-node ...`, at most `jobs` at once, each on `threads / jobs` intra-op threads, the shared
+/// stages too: the bits depend on the threads, so every node gets the same number).
 
 #include <filesystem>
 #include <string>
@@ -40,8 +46,22 @@ struct SweepOptions {
   bool maximize = true;                ///< the best point has the largest metric (false: the smallest)
   bool progress = true;                ///< progress lines on stdout
   bool report = true;                  ///< write dir/report.html: every node's metrics overlaid
+  int jobs = 1;                        ///< nodes trained at once: 1 in this process, more in child processes
+  int threads = 0;                     ///< with jobs > 1: intra-op threads of all jobs together (0: available_cores())
+  /// With jobs > 1: the program that trains a node, called as `executable sweep-node FILE --dir DIR
+  /// --stage LEVEL --threads N --set ...`. `baton sweep` passes itself; a program of your own with
+  /// its own models serves the command with `baton::cli::main(argc, argv, registry)` (cli.hpp).
+  std::filesystem::path executable{};
   Registry registry = Registry::builtin();
 };
+
+/// The `[sweep]` table of a curriculum file as options (docs/sweep.md): `grid` (a table of
+/// path = [values], their product, in the order written), `points` (a list of tables of path =
+/// value, after the grid's), `metric`, `mode` ("max" or "min"), `jobs` and `dir` (default: the
+/// run directory + "-sweep"); `threads` from `[run] threads`. A file without the table gives no
+/// points. Errors: those of `load_curriculum`, the table's with file:line.
+Expected<SweepOptions> sweep_options(const std::filesystem::path& file, const std::vector<std::string>& sets = {},
+                                     const Registry& registry = Registry::builtin());
 
 /// What one point of a sweep gave.
 struct SweepPointResult {
@@ -69,5 +89,11 @@ struct SweepResult {
 /// agree on. Errors: those of the curriculum (for any point, all found before training) and of
 /// `run`, with the point's overrides as context.
 Expected<SweepResult> sweep(const std::filesystem::path& file, const SweepOptions& options);
+
+/// Trains one node of a sweep in this process: stage `level` of the one point `options.sets`
+/// make (`options.points` is not read), from its parent's final state in `options.dir`; true
+/// when it finished, false when a signal stopped it (a checkpoint was written). This is what
+/// `sweep` runs in each child process when `jobs` > 1 (`baton sweep-node`).
+Expected<bool> sweep_node(const std::filesystem::path& file, const SweepOptions& options, std::size_t level);
 
 }  // namespace baton

@@ -169,27 +169,40 @@ struct SweepArgs {
   std::string file, dir, metric;
   std::vector<std::string> sets, grid;
   bool minimize = false;
+  int jobs = 0;  // 0: the file's [sweep] jobs, else 1
 };
 
-/// `baton sweep`: the grid's points through `baton::sweep` (sweep.hpp), stages shared by points trained once.
+/// `baton sweep`: the points of --grid (else the file's [sweep] table) through `baton::sweep`
+/// (sweep.hpp), stages shared by points trained once.
 int sweep(const SweepArgs& a, const Registry& registry) {
-  auto points = sweep_grid(a.grid);
-  if (!points) return report(points.error());
-  auto cur = load_curriculum(a.file, a.sets, registry);
-  if (!cur) return report(cur.error());
-  auto runtime = configure_runtime({.threads = cur->run().threads});
+  auto o = sweep_options(a.file, a.sets, registry);
+  if (!o) return report(o.error());
+  if (!a.grid.empty()) {
+    auto points = sweep_grid(a.grid);
+    if (!points) return report(points.error());
+    o->points = *points;
+  }
+  if (o->points.empty())
+    return report(Error{ErrorCode::invalid_argument, fmt::format("{}: no sweep points; give --grid path=[v1, v2, ...] or "
+                                                                 "a [sweep] table in the file (docs/sweep.md)", a.file), {}});
+  if (!a.dir.empty()) o->dir = a.dir;
+  if (!a.metric.empty()) o->metric = a.metric;
+  if (a.minimize) o->maximize = false;
+  if (a.jobs > 0) o->jobs = a.jobs;
+  o->executable = self_executable();
+  auto runtime = configure_runtime({.threads = o->threads});
   if (!runtime) return report(runtime.error());
   fmt::print("{}\n", runtime->to_string());
-  SweepOptions o{.dir = a.dir.empty() ? fs::path(cur->run_options().dir.string() + "-sweep") : fs::path(a.dir),
-                 .sets = a.sets, .points = *points, .metric = a.metric, .maximize = !a.minimize, .registry = registry};
-  fmt::print("sweep of {} points over {} stages, directory {}\n", o.points.size(), cur->stages().size(), o.dir.string());
+  fmt::print("sweep of {} points, directory {}{}\n", o->points.size(), o->dir.string(),
+             o->jobs > 1 ? fmt::format(", {} jobs at once", o->jobs) : "");
   const auto started = std::chrono::steady_clock::now();
-  auto r = baton::sweep(a.file, o);
+  auto r = baton::sweep(a.file, *o);
   if (!r) return report(r.error());
   std::string again = "baton sweep " + a.file;
   for (const auto& g : a.grid) again += " --grid '" + g + "'";
   for (const auto& s : a.sets) again += " --set " + s;
   if (!a.dir.empty()) again += " --dir " + a.dir;
+  if (a.jobs > 0) again += fmt::format(" --jobs {}", a.jobs);
   if (r->interrupted) {
     fmt::print(stderr, "baton: sweep interrupted; every finished stage run is kept. Go on with: {}\n", again);
     return exit_interrupted;
@@ -197,8 +210,24 @@ int sweep(const SweepArgs& a, const Registry& registry) {
   fmt::print("\n{}", r->table());
   fmt::print("total time {}; summary {}; report {}\n",
              duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
-             (o.dir / "sweep.json").string(), (o.dir / "report.html").string());
+             (o->dir / "sweep.json").string(), (o->dir / "report.html").string());
   return exit_ok;
+}
+
+/// `baton sweep-node` (not listed): one node of a sweep with jobs > 1, started by the sweep.
+struct SweepNodeArgs {
+  std::string file, dir;
+  std::vector<std::string> sets;
+  std::size_t stage = 0;
+  int threads = 1;
+};
+
+int sweep_node(const SweepNodeArgs& a, const Registry& registry) {
+  auto runtime = configure_runtime({.threads = a.threads});
+  if (!runtime) return report(runtime.error());
+  auto done = baton::sweep_node(a.file, {.dir = a.dir, .sets = a.sets, .progress = false, .registry = registry}, a.stage);
+  if (!done) return report(done.error());
+  return *done ? exit_ok : exit_interrupted;
 }
 
 // ---------------------------------------------------------------- validate, eval, inspect
@@ -313,11 +342,25 @@ int main(int argc, char** argv, const Registry& registry) {
   SweepArgs sweep_args;
   auto* sweep_cmd = app.add_subcommand("sweep", "Train a grid of overrides; stages the points share are trained once");
   sweep_cmd->add_option("file", sweep_args.file, "Curriculum file (TOML)")->required()->check(CLI::ExistingFile);
-  sweep_cmd->add_option("--grid", sweep_args.grid, "An axis: path=[v1, v2, ...]; several make a product")->required();
+  sweep_cmd->add_option("--grid", sweep_args.grid,
+                        "An axis: path=[v1, v2, ...]; several make a product (default: the file's [sweep] table)");
   sweep_cmd->add_option("--set", sweep_args.sets, "Override a value for every point: path=value");
   sweep_cmd->add_option("--dir", sweep_args.dir, "Sweep directory (default: the run directory + \"-sweep\")");
   sweep_cmd->add_option("--metric", sweep_args.metric, "set/metric that ranks the points (default: the accuracy of the first set the last stage evaluates)");
   sweep_cmd->add_flag("--minimize", sweep_args.minimize, "The best point has the smallest metric (e.g. a loss)");
+  sweep_cmd->add_option("--jobs", sweep_args.jobs,
+                        "Train this many stage runs at once in child processes, run.threads / N threads each "
+                        "(default: the file's [sweep] jobs, else 1)")
+      ->check(CLI::Range(1, 1024));
+
+  SweepNodeArgs node_args;
+  auto* node_cmd = app.add_subcommand("sweep-node", "One stage run of a sweep with --jobs (started by baton sweep)");
+  node_cmd->group("");  // not listed in --help
+  node_cmd->add_option("file", node_args.file)->required();
+  node_cmd->add_option("--dir", node_args.dir)->required();
+  node_cmd->add_option("--stage", node_args.stage)->required();
+  node_cmd->add_option("--threads", node_args.threads)->check(CLI::Range(1, 1024));
+  node_cmd->add_option("--set", node_args.sets);
 
   std::string validate_file;
   std::vector<std::string> validate_sets;
@@ -357,6 +400,7 @@ int main(int argc, char** argv, const Registry& registry) {
     if (*run_cmd && run_args.nproc > 0 && !launched_distributed()) return run_ranks(run_args);
     if (*run_cmd) return run(run_args, registry);
     if (*sweep_cmd) return sweep(sweep_args, registry);
+    if (*node_cmd) return sweep_node(node_args, registry);
     if (*validate_cmd) return validate(validate_file, validate_sets, registry);
     if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, registry);
     if (*inspect_cmd) return inspect(inspect_path);

@@ -321,7 +321,8 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
   Problems p{source, {}};
   auto& root = doc->root;
   detail::apply_overrides(root, overrides, p);
-  detail::check_keys(root, {"run", "model", "datasets", "defaults", "stages"}, "(top level)", p);
+  detail::check_keys(root, {"run", "model", "datasets", "defaults", "stages", "sweep"}, "(top level)", p);
+  (void)detail::read_sweep_table(root, text, p);  // read by sweep_options; checked here, before any run
   read_run(root, source, doc->run, p);
   check_model(root, registry, p);
   detail::check_datasets(root, registry, p);

@@ -7,6 +7,8 @@
 //   builder.cpp      SpecBuilder: one stage's table -> TrainingSpec
 //   datasets.cpp     [datasets.<name>]: checks, loading, offset / limit / holdout
 //   curriculum.cpp   the document, Curriculum, parse_curriculum / load_curriculum
+//   sweep_table.cpp  [sweep] and --grid axes: the points of a sweep
+//   sweep.cpp        sweeps that share their prefix; sweep_jobs.cpp trains nodes in processes
 #include <cstdint>
 #include <functional>
 #include <filesystem>
@@ -23,6 +25,10 @@
 #include <toml++/toml.h>
 
 #include "baton/hparams.hpp"
+
+namespace baton {
+struct SweepOptions;
+}
 
 namespace baton::detail {
 
@@ -102,6 +108,35 @@ void apply_overrides(toml::table& root, const std::vector<std::string>& override
 /// [datasets.<name>] tables (datasets.cpp): each a kind the registry knows, with only its keys and
 /// the keys every kind takes (offset, limit, holdout); held-out parts that could share samples.
 void check_datasets(const toml::table& root, const Registry& registry, Problems& p);
+
+/// The [sweep] table (sweep_table.cpp): its points (the grid's product, then the listed ones, each
+/// a list of "path=value" overrides with the values as written) and settings; problems placed at
+/// their nodes. `text` is the file's text, for the values as written.
+struct SweepTable {
+  std::vector<std::vector<std::string>> points;
+  std::optional<std::string> metric, dir;
+  std::optional<bool> maximize;
+  std::optional<int> jobs;
+};
+SweepTable read_sweep_table(const toml::table& root, std::string_view text, Problems& p);
+/// The points of axes (path, values as written): their product, the last varying fastest.
+std::vector<std::vector<std::string>> grid_product(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes);
+
+/// A node of a sweep's tree: one stage of the points that agree up to it (sweep.cpp).
+struct SweepTask {
+  std::size_t level = 0;                 ///< the stage's index
+  std::string key;                       ///< SHA-256 of the configuration up to this stage
+  std::optional<std::size_t> parent;     ///< the task of the stage before
+  std::filesystem::path dir;             ///< its run directory
+  std::vector<std::string> sets;         ///< the overrides of one point that trains it (common ones first)
+  std::string stage;                     ///< the stage's name
+  int users = 1;                         ///< points that train it
+};
+/// Trains the tasks not `finished` in child processes (sweep_jobs.cpp): `o.executable sweep-node`,
+/// at most `o.jobs` at once, each after its parent. True when all finished; false when a Ctrl-C
+/// or SIGTERM stopped them (forwarded to every child, which writes its checkpoint).
+Expected<bool> train_in_processes(const std::filesystem::path& file, const std::vector<SweepTask>& tasks,
+                                  std::vector<bool> finished, const SweepOptions& o);
 
 /// The parsed file and what every builder shares.
 struct Document {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -93,47 +95,139 @@ void write_summary(const fs::path& dir, const SweepResult& r) {
   }
   (void)detail::write_file_atomic(dir / "sweep.json", j.dump(2) + "\n", "sweep summary");
 }
-}  // namespace
-
-Expected<std::vector<SweepPoint>> sweep_grid(const std::vector<std::string>& axes) {
-  std::vector<SweepPoint> points{{}};
-  for (const auto& axis : axes) {
-    const auto eq = axis.find('=');
-    auto bad = [&](const std::string& why) {
-      return fail(ErrorCode::invalid_argument, fmt::format("sweep axis \"{}\": {}; write path=[v1, v2, ...], e.g. "
-                                                           "stage.finetune.optimizer.lr=[1e-4, 3e-4]", axis, why));
-    };
-    if (eq == std::string::npos || eq == 0) return bad("no path=values");
-    toml::table t;
-    const std::string doc = "values = " + axis.substr(eq + 1);
-    try {
-      t = toml::parse(doc);
-    } catch (const toml::parse_error& e) {
-      return bad(fmt::format("the values are not a TOML array ({})", e.description()));
-    }
-    const auto* values = t["values"].as_array();
-    if (!values || values->empty()) return bad("the values are not a non-empty TOML array");
-    std::vector<SweepPoint> next;
-    for (const auto& p : points)
-      for (const auto& v : *values) {
-        // The value as written (toml++ would print 3e-4 as 3e-04), else as toml++ prints it.
-        const auto& at = v.source();
-        std::string text;
-        if (at.begin.line == 1 && at.end.line == 1 && at.end.column > at.begin.column && at.end.column - 1 <= doc.size())
-          text = doc.substr(at.begin.column - 1, at.end.column - at.begin.column);
-        else {
-          std::ostringstream printed;
-          v.visit([&](auto&& x) { printed << x; });
-          text = printed.str();
-        }
-        SweepPoint q = p;
-        q.push_back(axis.substr(0, eq) + "=" + text);
-        next.push_back(std::move(q));
-      }
-    points = std::move(next);
-  }
-  return points;
+fs::path node_dir(const SweepOptions& o, const Plan& p, std::size_t level) {
+  return o.dir / fmt::format("{}-{}-{}", level, p.specs[level].name, p.keys[level].substr(0, 12));
 }
+
+/// A finished node: written by the node when its run has finished (after its final.baton).
+constexpr const char* kNodeFile = "sweep-node.json";
+
+struct Node {
+  fs::path dir;
+  std::string params_sha256;
+  Metrics final_metrics;
+};
+
+/// The node's result, when `dir` holds a finished node of configuration `key`.
+std::optional<Node> read_node(const fs::path& dir, const std::string& key) {
+  std::ifstream in(dir / kNodeFile);
+  if (!in) return std::nullopt;
+  try {
+    const auto j = nlohmann::json::parse(in);
+    if (j.at("key").get<std::string>() != key || !fs::exists(dir / "final.baton")) return std::nullopt;
+    Node n{dir, j.at("params_sha256").get<std::string>(), {}};
+    for (const auto& [set, values] : j.at("metrics").items())
+      for (const auto& [k, v] : values.items()) n.final_metrics[set][k] = v.is_null() ? std::nan("") : v.get<double>();
+    return n;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // not ours or damaged: the node resumes, finds its run finished, writes it again
+  }
+}
+
+/// Trains stage `level` of `p` as a one-stage run in its node directory, from its parent's
+/// final.baton; on success records the node (kNodeFile). False: stopped by a signal.
+Expected<bool> train_node(const Plan& p, std::size_t level, const SweepOptions& o) {
+  const fs::path node = node_dir(o, p, level);
+  auto context = [&](Error e) { return tl::unexpected(e.with_context(fmt::format("sweep node {}", node.string()))); };
+  auto factory = p.cur.model();
+  if (!factory) return tl::unexpected(factory.error());
+  const fs::path parent = level == 0 ? fs::path() : node_dir(o, p, level - 1);
+  auto initial = level == 0 ? p.cur.init() : load_checkpoint(parent / "final.baton", *factory);
+  if (!initial) return context(initial.error());
+  RunOptions ro = p.cur.run_options();
+  ro.dir = node;
+  ro.config = p.texts[level];
+  ro.fingerprint = p.keys[level];
+  ro.report = false;
+  ro.progress = o.progress;
+  auto res = run(ro, {p.specs[level]}, std::move(*initial));
+  if (!res) return context(res.error());
+  if (res->interrupted) return false;
+  nlohmann::json metrics = nlohmann::json::object();
+  for (const auto& [set, values] : res->final_metrics)
+    for (const auto& [k, v] : values) metrics[set][k] = std::isnan(v) ? nlohmann::json() : nlohmann::json(v);
+  const nlohmann::json j = {{"key", p.keys[level]}, {"stage", p.specs[level].name},
+                            {"parent", parent.empty() ? nlohmann::json() : nlohmann::json(parent.filename().string())},
+                            {"params_sha256", params_sha256(res->state)}, {"metrics", metrics}};
+  if (auto ok = detail::write_file_atomic(node / kNodeFile, j.dump(2) + "\n", "sweep node record"); !ok) return context(ok.error());
+  return true;
+}
+
+/// The tree: one task per distinct configuration, level by level (a parent before its children).
+struct Tree {
+  std::vector<detail::SweepTask> tasks;
+  std::vector<std::size_t> plan;             // per task: the first point that trains it
+  std::map<std::string, std::size_t> index;  // key -> task
+};
+
+Tree build_tree(const std::vector<Plan>& plans, const SweepOptions& o) {
+  Tree tree;
+  for (std::size_t level = 0;; ++level) {
+    bool any = false;
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      const auto& p = plans[i];
+      if (level >= p.specs.size()) continue;
+      any = true;
+      if (auto it = tree.index.find(p.keys[level]); it != tree.index.end()) {
+        ++tree.tasks[it->second].users;
+        continue;
+      }
+      std::vector<std::string> sets = o.sets;
+      sets.insert(sets.end(), p.overrides.begin(), p.overrides.end());
+      std::optional<std::size_t> parent;
+      if (level > 0) parent = tree.index.at(p.keys[level - 1]);
+      tree.index.emplace(p.keys[level], tree.tasks.size());
+      tree.tasks.push_back({level, p.keys[level], parent, node_dir(o, p, level), std::move(sets), p.specs[level].name, 1});
+      tree.plan.push_back(i);
+    }
+    if (!any) return tree;
+  }
+}
+
+/// Every node's result into `done`: read back when finished, else trained in this process (with
+/// jobs > 1 the processes have trained them all). False: a signal stopped the training.
+Expected<bool> train_here(const std::vector<Plan>& plans, const Tree& tree, const SweepOptions& o, std::map<std::string, Node>& done) {
+  for (std::size_t t = 0; t < tree.tasks.size(); ++t) {
+    const auto& task = tree.tasks[t];
+    const std::string users = fmt::format("{} point{}", task.users, task.users == 1 ? "" : "s");
+    auto node = read_node(task.dir, task.key);
+    if (!node && o.jobs > 1)
+      return fail(ErrorCode::io, fmt::format("sweep node {}: its process ended well but left no {}", task.dir.string(), kNodeFile));
+    if (!node) {
+      if (o.progress) fmt::print("sweep: stage \"{}\" for {} -> {}\n", task.stage, users, task.dir.string());
+      const auto& p = plans[tree.plan[t]];
+      auto trained = train_node(p, task.level, o);
+      if (!trained) return tl::unexpected(trained.error().with_context(fmt::format("sweep point {}", point_text(p.overrides))));
+      if (!*trained) return false;
+      node = read_node(task.dir, task.key);
+      if (!node) return fail(ErrorCode::io, fmt::format("sweep node {}: {} did not read back", task.dir.string(), kNodeFile));
+    } else if (o.progress && o.jobs == 1) {
+      fmt::print("sweep: stage \"{}\" for {}: finished before ({})\n", task.stage, users, task.dir.string());
+    }
+    done.emplace(task.key, std::move(*node));
+  }
+  return true;
+}
+
+/// Every point's result from its leaf node, its score, and the best.
+void rank(const std::vector<Plan>& plans, const Tree& tree, const std::map<std::string, Node>& done, const SweepOptions& o,
+          SweepResult& r) {
+  for (const auto& p : plans) {
+    const auto& leaf = done.at(p.keys.back());
+    SweepPointResult pr{p.overrides, 0, leaf.dir / "final.baton", leaf.params_sha256, leaf.final_metrics, 0};
+    while (pr.shared_stages < p.keys.size() && tree.tasks[tree.index.at(p.keys[pr.shared_stages])].users > 1) ++pr.shared_stages;
+    r.points.push_back(std::move(pr));
+  }
+  r.metric = ranking_metric(o, plans.front().specs.back());
+  r.maximize = o.maximize;
+  for (std::size_t i = 0; i < r.points.size(); ++i) {
+    auto& pr = r.points[i];
+    pr.score = score_of(pr.final_metrics, r.metric);
+    const auto& b = r.points[r.best];
+    if (!std::isnan(pr.score) && (std::isnan(b.score) || (o.maximize ? pr.score > b.score : pr.score < b.score))) r.best = i;
+  }
+}
+}  // namespace
 
 std::string SweepResult::table() const {
   std::vector<std::size_t> order(points.size());
@@ -155,77 +249,46 @@ std::string SweepResult::table() const {
   return out;
 }
 
+Expected<bool> sweep_node(const fs::path& file, const SweepOptions& o, std::size_t level) {
+  auto p = plan(file, o, {});
+  if (!p) return tl::unexpected(p.error());
+  if (level >= p->specs.size())
+    return fail(ErrorCode::invalid_argument, fmt::format("sweep node: stage {} of a curriculum of {} stages", level, p->specs.size()));
+  return train_node(*p, level, o);
+}
+
 Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
   if (o.dir.empty()) return fail(ErrorCode::invalid_argument, "sweep: SweepOptions::dir is empty; name the sweep directory");
   if (o.points.empty()) return fail(ErrorCode::invalid_argument, "sweep: no points");
+  if (o.jobs < 1) return fail(ErrorCode::invalid_argument, fmt::format("sweep: jobs is {}; at least 1", o.jobs));
   std::vector<Plan> plans;
   for (const auto& point : o.points) {  // every point's configuration is checked before any training
     auto p = plan(file, o, point);
     if (!p) return tl::unexpected(p.error().with_context(fmt::format("sweep point {}", point_text(point))));
     plans.push_back(std::move(*p));
   }
+  const Tree tree = build_tree(plans, o);
   SweepResult r;
-  std::map<std::string, int> users;  // key -> points that train this node
-  for (const auto& p : plans) {
-    r.stages_total += p.keys.size();
-    for (const auto& k : p.keys) users[k] += 1;
+  r.stages_trained = tree.tasks.size();
+  for (const auto& p : plans) r.stages_total += p.keys.size();
+  if (o.jobs > 1) {  // train in processes; the pass below then reads every node back
+    std::vector<bool> finished;
+    for (const auto& t : tree.tasks) finished.push_back(read_node(t.dir, t.key).has_value());
+    auto all = detail::train_in_processes(file, tree.tasks, finished, o);
+    if (!all) return tl::unexpected(all.error());
+    r.interrupted = !*all;
   }
-  struct Node {
-    fs::path dir;
-    std::string params_sha256;
-    Metrics final_metrics;
-  };
-  std::map<std::string, Node> done;  // key -> the node trained (its state is in dir/final.baton, not kept here)
-  std::vector<fs::path> dirs;
-  // Level by level: a node's parent is the node of the stage before, trained at the level above.
-  for (std::size_t level = 0;; ++level) {
-    bool any = false;
-    for (const auto& p : plans) {
-      if (level >= p.specs.size()) continue;
-      any = true;
-      const auto& key = p.keys[level];
-      if (done.count(key)) continue;
-      const auto& spec = p.specs[level];
-      const fs::path node = o.dir / fmt::format("{}-{}-{}", level, spec.name, key.substr(0, 12));
-      auto factory = p.cur.model();
-      if (!factory) return tl::unexpected(factory.error());
-      auto initial = level == 0 ? p.cur.init() : load_checkpoint(done.at(p.keys[level - 1]).dir / "final.baton", *factory);
-      if (!initial) return tl::unexpected(initial.error().with_context(fmt::format("sweep node {}", node.string())));
-      RunOptions ro = p.cur.run_options();
-      ro.dir = node;
-      ro.config = p.texts[level];
-      ro.fingerprint = key;
-      ro.report = false;
-      ro.progress = o.progress;
-      if (o.progress)
-        fmt::print("sweep: stage \"{}\" for {} point{} -> {}\n", spec.name, users[key], users[key] == 1 ? "" : "s", node.string());
-      auto res = run(ro, {spec}, std::move(*initial));
-      if (!res) return tl::unexpected(res.error().with_context(fmt::format("sweep point {}", point_text(p.overrides))));
-      if (res->interrupted) {
-        r.interrupted = true;
-        return r;
-      }
-      ++r.stages_trained;
-      dirs.push_back(node);
-      done.emplace(key, Node{node, params_sha256(res->state), std::move(res->final_metrics)});
-    }
-    if (!any) break;
+  std::map<std::string, Node> done;  // key -> the node's result (its state is in dir/final.baton)
+  if (!r.interrupted) {
+    auto ok = train_here(plans, tree, o, done);
+    if (!ok) return tl::unexpected(ok.error());
+    r.interrupted = !*ok;
   }
-  for (const auto& p : plans) {
-    const auto& leaf = done.at(p.keys.back());
-    SweepPointResult pr{p.overrides, 0, leaf.dir / "final.baton", leaf.params_sha256, leaf.final_metrics, 0};
-    while (pr.shared_stages < p.keys.size() && users[p.keys[pr.shared_stages]] > 1) ++pr.shared_stages;
-    r.points.push_back(std::move(pr));
-  }
-  r.metric = ranking_metric(o, plans.front().specs.back());
-  r.maximize = o.maximize;
-  for (std::size_t i = 0; i < r.points.size(); ++i) {
-    auto& pr = r.points[i];
-    pr.score = score_of(pr.final_metrics, r.metric);
-    const auto& b = r.points[r.best];
-    if (!std::isnan(pr.score) && (std::isnan(b.score) || (o.maximize ? pr.score > b.score : pr.score < b.score))) r.best = i;
-  }
+  if (r.interrupted) return r;
+  rank(plans, tree, done, o, r);
   write_summary(o.dir, r);
+  std::vector<fs::path> dirs;
+  for (const auto& t : tree.tasks) dirs.push_back(t.dir);
   if (o.report)
     if (auto page = report::write(dirs, o.dir / "report.html"); !page)
       fmt::print(stderr, "baton: the sweep finished but its report was not written: {}\n", page.error().to_string());
