@@ -173,6 +173,9 @@ optimizer = { lr = 0.01 }
   REQUIRE(std::regex_search(r.out, m, std::regex("test_accuracy=([0-9.]+)")));
   CHECK(std::stod(m[1]) > 0.6);
   CHECK_THAT(r.out, Catch::Contains("warmup") && Catch::Contains("finetune") && Catch::Contains("total time"));
+  // The model summary at the start: 8*9 + 16 (conv1, bn1), 8*16*9 + 32 (conv2, bn2), 16*7*7*32 + 32, 32*10 + 10.
+  CHECK_THAT(r.out, Catch::Contains("model: 26,722 parameters") && Catch::Contains("input [1, 28, 28] -> output [10]") &&
+                        Catch::Contains("stages \"warmup\", \"finetune\": 26,722 trainable, 0 frozen"));
   for (const char* f : {"config.toml", "metrics.jsonl", "metrics.csv", "final.baton", "checkpoints"})
     CHECK(fs::exists(dir / "run" / f));
   // Interval evaluations (every 20 batches of 47) and stage-end ones are in the JSONL log.

@@ -143,6 +143,8 @@ TEST_CASE("a sweep trains the shared stage once, and every point equals an indep
   CHECK(summary.at("points").size() == 4);
   CHECK(summary.at("best") == r->best);
   CHECK(fs::exists(options.dir / "report.html"));
+  CHECK(r->report_file == options.dir / "report.html");
+  CHECK(r->summary_file == options.dir / "sweep.json");
 
   SECTION("run again, it trains nothing and gives the same results") {
     const auto again = baton::sweep(file, options);

@@ -22,5 +22,6 @@
 #include "baton/schedule.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
+#include "baton/summary.hpp"
 #include "baton/sweep.hpp"
 #include "baton/time.hpp"

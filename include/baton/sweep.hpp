@@ -81,6 +81,8 @@ struct SweepResult {
   std::string metric;                    ///< the ranking metric's name
   bool maximize = true;                  ///< as SweepOptions::maximize
   bool interrupted = false;              ///< Ctrl-C or SIGTERM: a checkpoint was written; call again to go on
+  std::filesystem::path summary_file;    ///< dir/sweep.json when written (empty if not: the reason went to stderr)
+  std::filesystem::path report_file;     ///< dir/report.html when written (empty if not, or not asked for)
   /// One row per point, best first, the best marked with '*'.
   [[nodiscard]] std::string table() const;
 };

@@ -25,6 +25,7 @@
 #include "baton/runtime.hpp"
 #include "baton/report.hpp"
 #include "baton/run.hpp"
+#include "baton/summary.hpp"
 #include "baton/sweep.hpp"
 #include "launch.hpp"
 
@@ -126,6 +127,17 @@ Expected<void> read_pause(const RunArgs& a, RunOptions& o) {
   return {};
 }
 
+/// The model summary (summary.hpp) for the first stage's training samples; a model that fails on
+/// them gets a note here and its error from the fit.
+void print_summary(const TrainState& initial, const std::vector<TrainingSpec>& specs) {
+  if (specs.empty() || !specs.front().data.train.inputs.defined() || specs.front().data.train.inputs.dim() < 1) return;
+  auto sample = specs.front().data.train.inputs.sizes().vec();
+  sample.erase(sample.begin());
+  auto s = summarize(initial, sample, specs);
+  if (s) fmt::print("{}", s->to_string());
+  else fmt::print(stderr, "baton: no model summary: {}\n", s.error().to_string());
+}
+
 /// `baton run`: the curriculum's stages through `baton::run` (run.hpp), which owns the run
 /// directory, resume, checkpoints, metrics, progress and the report; this prints around it.
 int run(const RunArgs& a, const Registry& registry) {
@@ -149,6 +161,7 @@ int run(const RunArgs& a, const Registry& registry) {
   if (!initial) return report(initial.error());
   fmt::print("run \"{}\": {} stages, max duration {}, run directory {}\n", cur->run().name, cur->stages().size(),
              cur->run().max_duration.to_string(), options.dir.string());
+  print_summary(*initial, *specs);
   const auto started = std::chrono::steady_clock::now();
   auto result = baton::run(options, *specs, std::move(*initial));
   if (!result) return report(result.error());
@@ -208,9 +221,10 @@ int sweep(const SweepArgs& a, const Registry& registry) {
     return exit_interrupted;
   }
   fmt::print("\n{}", r->table());
-  fmt::print("total time {}; summary {}; report {}\n",
-             duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
-             (o->dir / "sweep.json").string(), (o->dir / "report.html").string());
+  // Each file named only when this sweep wrote it (it said on stderr what it could not write).
+  fmt::print("total time {}{}{}\n", duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
+             r->summary_file.empty() ? "" : "; summary " + r->summary_file.string(),
+             r->report_file.empty() ? "" : "; report " + r->report_file.string());
   return exit_ok;
 }
 

@@ -82,7 +82,7 @@ double score_of(const Metrics& m, const std::string& metric) {
   return v == set->second.end() ? std::nan("") : v->second;
 }
 
-void write_summary(const fs::path& dir, const SweepResult& r) {
+void write_summary(const fs::path& dir, SweepResult& r) {
   nlohmann::json j = {{"metric", r.metric}, {"best", r.best}, {"stages_trained", r.stages_trained},
                       {"stages_total", r.stages_total}, {"points", nlohmann::json::array()}};
   for (const auto& p : r.points) {
@@ -93,7 +93,10 @@ void write_summary(const fs::path& dir, const SweepResult& r) {
                            {"final_state", p.final_state.string()}, {"params_sha256", p.params_sha256},
                            {"score", std::isnan(p.score) ? nlohmann::json() : nlohmann::json(p.score)}, {"metrics", metrics}});
   }
-  (void)detail::write_file_atomic(dir / "sweep.json", j.dump(2) + "\n", "sweep summary");
+  if (auto ok = detail::write_file_atomic(dir / "sweep.json", j.dump(2) + "\n", "sweep summary"); ok)
+    r.summary_file = dir / "sweep.json";
+  else
+    fmt::print(stderr, "baton: the sweep finished but its summary was not written: {}\n", ok.error().to_string());
 }
 fs::path node_dir(const SweepOptions& o, const Plan& p, std::size_t level) {
   return o.dir / fmt::format("{}-{}-{}", level, p.specs[level].name, p.keys[level].substr(0, 12));
@@ -289,9 +292,12 @@ Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
   write_summary(o.dir, r);
   std::vector<fs::path> dirs;
   for (const auto& t : tree.tasks) dirs.push_back(t.dir);
-  if (o.report)
-    if (auto page = report::write(dirs, o.dir / "report.html"); !page)
+  if (o.report) {
+    if (auto page = report::write(dirs, o.dir / "report.html"); page)
+      r.report_file = o.dir / "report.html";
+    else
       fmt::print(stderr, "baton: the sweep finished but its report was not written: {}\n", page.error().to_string());
+  }
   return r;
 }
 
