@@ -53,6 +53,7 @@ json to_json(const StageRecord& r) {
             {"last_grad_norm", to_json(r.last_grad_norm)}, {"transfer", nullptr}, {"interrupted", r.interrupted}};
   if (!r.stop_reason.empty()) j["stop_reason"] = r.stop_reason;
   if (r.skipped_batches != 0) j["skipped_batches"] = r.skipped_batches;
+  if (!r.restored_best.empty()) j["restored_best"] = r.restored_best;
   if (r.transfer)
     j["transfer"] = {{"copied", r.transfer->copied}, {"skipped", r.transfer->skipped},
                      {"initialized", r.transfer->initialized}};
@@ -63,7 +64,7 @@ StageRecord record_of(const json& j) {
   StageRecord r{j.at("name").get<std::string>(), timestamp_of(j.at("start")), timestamp_of(j.at("end")),
                 real_of(j.at("last_loss")), real_of(j.at("last_lr")), real_of(j.at("last_grad_norm")), std::nullopt,
                 j.value("interrupted", false), j.value("stop_reason", std::string()),
-                j.value("skipped_batches", std::int64_t{0})};
+                j.value("skipped_batches", std::int64_t{0}), j.value("restored_best", std::string())};
   if (const auto& t = j.at("transfer"); !t.is_null())
     r.transfer = TransferReport{t.at("copied").get<std::vector<std::string>>(),
                                 t.at("skipped").get<std::vector<std::string>>(),

@@ -344,6 +344,7 @@ BATON_WITH(with_callbacks, callbacks, std::vector<Callback>)
 BATON_WITH(with_loggers, loggers, std::vector<std::shared_ptr<Logger>>)
 BATON_WITH(with_evaluation, evaluation, std::optional<EvalSchedule>)
 BATON_WITH(with_checkpoints, checkpoints, CheckpointPolicy)
+BATON_WITH(with_keep_best, keep_best, std::optional<KeepBest>)
 BATON_WITH(with_non_finite, on_non_finite, NonFinite)
 BATON_WITH(with_precision, precision, Precision)
 BATON_WITH(with_memory_format, memory_format, MemoryFormat)
@@ -453,6 +454,17 @@ Expected<void> TrainingSpec::validate() const {
     if (evaluation->spec.sets.empty()) problems.push_back("evaluation.spec.sets: no dataset to evaluate on");
     if (evaluation->spec.limit && *evaluation->spec.limit <= 0)
       problems.push_back(fmt::format("evaluation.spec.limit: must be positive, got {}", *evaluation->spec.limit));
+  }
+  if (keep_best) {
+    const auto slash = keep_best->metric.find('/');
+    if (!evaluation)
+      problems.push_back(fmt::format("keep_best: watches \"{}\", but the stage has no evaluation; set evaluation (TOML: "
+                                     "eval = {{ sets = [...], interval = \"1ep\" }})", keep_best->metric));
+    else if (slash == std::string::npos ||
+             std::none_of(evaluation->spec.sets.begin(), evaluation->spec.sets.end(),
+                          [&](const auto& set) { return set.first == keep_best->metric.substr(0, slash); }))
+      problems.push_back(fmt::format("keep_best.metric: \"{}\" is not <eval set>/<metric> of a set this stage evaluates",
+                                     keep_best->metric));
   }
   positive(checkpoints.every, "checkpoints.every");
   if (problems.empty()) return {};

@@ -161,7 +161,7 @@ bool same_record(const StageRecord& x, const StageRecord& y) {
   return x.name == y.name && x.start == y.start && x.end == y.end && same_double(x.last_loss, y.last_loss) &&
          same_double(x.last_lr, y.last_lr) && same_double(x.last_grad_norm, y.last_grad_norm) &&
          transfer(x.transfer) == transfer(y.transfer) && x.interrupted == y.interrupted &&
-         x.stop_reason == y.stop_reason && x.skipped_batches == y.skipped_batches;
+         x.stop_reason == y.stop_reason && x.skipped_batches == y.skipped_batches && x.restored_best == y.restored_best;
 }
 
 bool same_callback_state(const std::map<std::string, std::map<std::string, double>>& x,

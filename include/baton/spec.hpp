@@ -87,6 +87,25 @@ struct EvalSchedule {
   bool at_stage_end = true;
 };
 
+/// Keep the weights of the best evaluation: at every evaluation of the stage whose `metric` beats
+/// the kept one (ties keep the earlier), the state records its parameters and buffers in
+/// `algorithm_state["keep_best"]` (with the value and the batch), so the best survives splits,
+/// copies and resumes like any part of the state. `baton::run` also writes that state to the run
+/// directory (`best-<stage>.baton`, or `best.baton` for the run scope).
+struct KeepBest {
+  enum class Scope {
+    stage,  ///< this stage's evaluations only: a fine-tune is not judged against warm-up's score
+    run,    ///< the best kept so far in the run, by any stage that keeps its best
+  };
+  std::string metric = "val/accuracy";  ///< "<eval set>/<metric>", one the stage's evaluation gives
+  bool maximize = true;                  ///< true: larger is better (accuracy); false: a loss
+  Scope scope = Scope::stage;
+  /// End the stage with the kept weights (parameters and buffers; the optimizer's moments and the
+  /// clock go on from the last step). Recorded in `StageRecord::restored_best`; the stage's last
+  /// evaluation is then of those weights.
+  bool restore = false;
+};
+
 /// Checkpoints a fit writes by itself: files `ckpt-<batch, 10 digits>.baton` in `dir` at intervals
 /// from the stage's start, `ckpt-<batch>-end.baton` when the stage ends, and one when the fit
 /// is interrupted (stop flag or signal). An interval that falls on the stage's last batch writes
@@ -184,6 +203,7 @@ struct TrainingSpec {
   std::vector<std::shared_ptr<Logger>> loggers{};
   std::optional<EvalSchedule> evaluation{};        ///< evaluation during the fit
   CheckpointPolicy checkpoints{};                  ///< checkpoints the fit writes itself
+  std::optional<KeepBest> keep_best{};             ///< keep (and restore) the best evaluation's weights; needs `evaluation`
   /// Non-finite loss: error, skip the batch or stop. Gradients are checked too when the policy
   /// is skip or stop, or when clipping by norm computes the norm anyway.
   NonFinite on_non_finite = NonFinite::error;
@@ -233,6 +253,7 @@ struct TrainingSpec {
   [[nodiscard]] TrainingSpec with_loggers(std::vector<std::shared_ptr<Logger>> v) const;
   [[nodiscard]] TrainingSpec with_evaluation(std::optional<EvalSchedule> v) const;
   [[nodiscard]] TrainingSpec with_checkpoints(CheckpointPolicy v) const;
+  [[nodiscard]] TrainingSpec with_keep_best(std::optional<KeepBest> v) const;
   [[nodiscard]] TrainingSpec with_non_finite(NonFinite v) const;
   [[nodiscard]] TrainingSpec with_distributed(std::shared_ptr<const Distributed> v) const;
 

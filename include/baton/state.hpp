@@ -49,6 +49,7 @@ struct StageRecord {
   bool interrupted = false;     ///< the last fit of this stage stopped early on a stop request or signal
   std::string stop_reason{};    ///< why a callback (early stopping, ...) or the non-finite policy ended the stage early
   std::int64_t skipped_batches = 0;  ///< batches consumed without an update (non-finite policy "skip")
+  std::string restored_best{};  ///< KeepBest::restore: which evaluation's weights the stage ended with
 };
 
 /// Where dynamic loss scaling stands (spec.hpp: LossScaling).

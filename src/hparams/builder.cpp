@@ -242,8 +242,35 @@ void read_callbacks(const Impl& b, Reader& r, TrainingSpec& spec) {
   }
 }
 
-/// The metric a stopping callback watches ("<eval set>/<metric>") must be one this stage's
-/// evaluation produces, or the callback could never act: an error at validate, with the choices.
+/// The metrics this stage's evaluation gives ("<eval set>/<metric>").
+std::vector<std::string> evaluated_metrics(const TrainingSpec& spec) {
+  std::vector<std::string> known;
+  if (!spec.evaluation) return known;
+  const auto& es = spec.evaluation->spec;
+  for (const auto& [set, ds] : es.sets) {
+    known.push_back(set + "/loss");
+    known.push_back(set + "/accuracy");
+    for (const auto k : es.top_k) known.push_back(fmt::format("{}/top{}_accuracy", set, k));
+  }
+  return known;
+}
+
+/// A metric a key watches must be one this stage's evaluation gives, or the key could never act:
+/// an error at validate, with the choices.
+void check_metric(const toml::node* at, const std::string& key, const std::string& metric, const TrainingSpec& spec,
+                  Problems& p) {
+  if (!spec.evaluation) {
+    p.add(at, fmt::format("{}: watches \"{}\", but this stage has no evaluation (eval = {{ sets = [...] }}), so it "
+                          "would never act", key, metric));
+    return;
+  }
+  const auto known = evaluated_metrics(spec);
+  if (std::find(known.begin(), known.end(), metric) == known.end())
+    p.add(at, fmt::format("{}: metric \"{}\"{} is not one this stage's evaluation gives; it gives {}", key, metric,
+                          detail::did_you_mean(metric, known), fmt::join(known, ", ")));
+}
+
+/// The metric a stopping callback watches must be one this stage's evaluation produces.
 void check_watched_metrics(const Impl& b, const TrainingSpec& spec, Problems& p) {
   const auto* n = b.get("callbacks");
   const auto* t = n ? n->as_table() : nullptr;
@@ -256,22 +283,39 @@ void check_watched_metrics(const Impl& b, const TrainingSpec& spec, Problems& p)
     if (!opts) continue;
     const std::string metric = (*opts)["metric"].value<std::string>().value_or(default_metric);
     const toml::node* at = opts->get("metric") ? opts->get("metric") : static_cast<const toml::node*>(opts);
-    if (!spec.evaluation) {
-      p.add(at, fmt::format("callbacks.{}: watches \"{}\", but this stage has no evaluation (eval = {{ sets = [...] }}), "
-                            "so it would never act", cb, metric));
-      continue;
-    }
-    std::vector<std::string> known;
-    const auto& es = spec.evaluation->spec;
-    for (const auto& [set, ds] : es.sets) {
-      known.push_back(set + "/loss");
-      known.push_back(set + "/accuracy");
-      for (const auto k : es.top_k) known.push_back(fmt::format("{}/top{}_accuracy", set, k));
-    }
-    if (std::find(known.begin(), known.end(), metric) == known.end())
-      p.add(at, fmt::format("callbacks.{}: metric \"{}\"{} is not one this stage's evaluation gives; it gives {}", cb,
-                            metric, detail::did_you_mean(metric, known), fmt::join(known, ", ")));
+    check_metric(at, fmt::format("callbacks.{}", cb), metric, spec, p);
   }
+}
+
+/// keep_best = { metric = "val/accuracy", mode = "max", scope = "stage" } and restore_best = true.
+void read_keep_best(const Impl& b, Reader& r, TrainingSpec& spec) {
+  const auto* n = b.get("keep_best");
+  const auto* restore = b.get("restore_best");
+  const auto restore_value = r.boolean(restore, "restore_best");
+  if (!n) {
+    if (restore_value.value_or(false))
+      r.p.add(restore, r.path + "restore_best: needs keep_best = { metric = \"val/accuracy\", mode = \"max\" } (which "
+                                "evaluation's weights to restore)");
+    return;
+  }
+  const auto* t = n->as_table();
+  if (!t) {
+    r.p.add(n, r.path + "keep_best: expected a table, e.g. keep_best = { metric = \"val/accuracy\", mode = \"max\" }");
+    return;
+  }
+  detail::check_keys(*t, {"metric", "mode", "scope"}, r.path + "keep_best", r.p);
+  KeepBest keep;
+  keep.restore = restore_value.value_or(false);
+  if (auto m = r.string(t->get("metric"), "keep_best.metric")) keep.metric = *m;
+  else if (!t->get("metric")) r.p.add(n, r.path + "keep_best.metric: required, e.g. \"val/accuracy\"");
+  // No default mode: keeping the "best" loss by the largest value would be a silent mistake.
+  if (auto mode = r.one_of<bool>(t->get("mode"), "keep_best.mode", {{"max", true}, {"min", false}})) keep.maximize = *mode;
+  else if (!t->get("mode")) r.p.add(n, r.path + "keep_best.mode: required, \"max\" (accuracy) or \"min\" (a loss)");
+  if (auto scope = r.one_of<KeepBest::Scope>(t->get("scope"), "keep_best.scope",
+                                              {{"stage", KeepBest::Scope::stage}, {"run", KeepBest::Scope::run}}))
+    keep.scope = *scope;
+  check_metric(t->get("metric") ? t->get("metric") : n, r.path + "keep_best", keep.metric, spec, r.p);
+  spec.keep_best = keep;
 }
 
 /// model carry-over: "keep" | "reinitialize" | "transfer" | {carry = ..., fresh = [...]}
@@ -398,6 +442,7 @@ Expected<TrainingSpec> SpecBuilder::build() const {
     spec.evaluation = EvalSchedule{plan.spec, plan.interval, true};
   }
   check_watched_metrics(b, spec, p);
+  read_keep_best(b, r, spec);
   if (!p.empty()) return tl::unexpected(p.error());
   for (const auto& change : b.changes) spec = change(std::move(spec));
   if (auto ok = spec.validate(); !ok) {
@@ -407,7 +452,7 @@ Expected<TrainingSpec> SpecBuilder::build() const {
         {"duration:", "duration"}, {"grad_accum:", "grad_accum"}, {"data.batch_size:", "batch_size"},
         {"clip_grad_norm:", "clip_grad_norm"}, {"clip_grad_value:", "clip_grad_value"}, {"freeze:", "freeze"}, {"precision:", "precision"},
         {"loss_scaling.", "loss_scaling"}, {"deterministic:", "deterministic"},
-        {"schedule:", "schedule"}, {"evaluation.", "eval"}, {"optimizer", "optimizer"}};
+        {"schedule:", "schedule"}, {"evaluation.", "eval"}, {"optimizer", "optimizer"}, {"keep_best", "keep_best"}};
     const std::string& message = ok.error().message;
     const toml::node* at = &b.own();
     std::size_t first = std::string::npos;

@@ -42,7 +42,8 @@ inline const std::vector<std::string> kInheritable = {"data", "batch_size", "shu
                                                       "optimizer", "schedule", "clock", "grad_accum",
                                                       "clip_grad_norm", "clip_grad_value", "eval",
                                                       "algorithms", "callbacks", "on_non_finite",
-                                                      "precision", "memory_format", "deterministic", "loss_scaling"};
+                                                      "precision", "memory_format", "deterministic", "loss_scaling",
+                                                      "keep_best", "restore_best"};
 /// Stage keys that belong to one stage only.
 inline const std::vector<std::string> kStageOnly = {"name", "duration", "optimizer_carry", "model", "freeze"};
 

@@ -73,4 +73,8 @@ Callback train_log(std::shared_ptr<StageTrace> trace);
 /// ones in `trace`.
 std::shared_ptr<Logger> eval_echo(std::shared_ptr<StageTrace> trace, std::shared_ptr<Progress> progress);
 
+/// KeepBest in a run directory: the state at each evaluation that is a new best, saved to `path`
+/// (atomically, as every checkpoint).
+Callback best_file(std::filesystem::path path, CheckpointMeta meta);
+
 }  // namespace baton::detail

@@ -7,7 +7,9 @@
 #include <torch/torch.h>
 
 #include "baton/fit.hpp"
+#include "baton/checkpoint.hpp"
 #include "run/internal.hpp"
+#include "train/observers.hpp"
 
 namespace baton::detail {
 namespace {
@@ -101,6 +103,14 @@ class EvalEcho final : public Logger {
 
 std::shared_ptr<Logger> eval_echo(std::shared_ptr<StageTrace> trace, std::shared_ptr<Progress> progress) {
   return std::make_shared<EvalEcho>(std::move(trace), std::move(progress));
+}
+
+Callback best_file(std::filesystem::path path, CheckpointMeta meta) {
+  return {"run_best", [path = std::move(path), meta = std::move(meta)](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::eval_end || kept_batch(v.state) != v.state.time.batch) return std::nullopt;
+            if (auto ok = save_checkpoint(v.state, path, meta); !ok) throw BatonException(ok.error().with_context("best state"));
+            return std::nullopt;
+          }};
 }
 
 }  // namespace baton::detail

@@ -196,7 +196,8 @@ void remove_run_files(const fs::path& dir) {
     for (const auto& e : fs::directory_iterator(sub, ec)) {
       const auto f = e.path().filename().string();
       if ((f.front() == '.' && f.find(".tmp-") != std::string::npos) ||
-          (f.rfind("events.out.tfevents.", 0) == 0 && f.ends_with(".baton")))
+          (f.rfind("events.out.tfevents.", 0) == 0 && f.ends_with(".baton")) ||
+          (sub == dir && f.rfind("best", 0) == 0 && f.ends_with(".baton")))  // KeepBest's best.baton, best-<stage>.baton
         fs::remove(e.path(), ec);
     }
   for (const char* sub : {"checkpoints", "tensorboard"})

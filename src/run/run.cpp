@@ -29,6 +29,10 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using WallClock = std::chrono::steady_clock;
 
+/// Where a run keeps the state of its best evaluation (KeepBest): per stage, or one for the run.
+std::string best_file_name(const KeepBest& keep, const std::string& stage) {
+  return keep.scope == KeepBest::Scope::run ? "best.baton" : fmt::format("best-{}.baton", stage);
+}
 std::string carry_text(const TrainingSpec& s) { return s.optimizer_carry == Carry::keep ? "keep" : "fresh"; }
 std::string weights_text(const TrainingSpec& s) {
   switch (s.model.kind) {
@@ -203,6 +207,8 @@ class Runner {
     s.handle_signals = o_.handle_signals;
     if (o_.distributed) s.distributed = o_.distributed;
     s.callbacks.push_back(detail::train_log(trace));
+    if (s.keep_best && lead_)
+      s.callbacks.push_back(detail::best_file(o_.dir / best_file_name(*s.keep_best, s.name), meta(index, false)));
     if (progress_) s.callbacks.push_back(callbacks::progress(progress_));
     s.loggers.push_back(detail::eval_echo(trace, progress_));
     if (metrics_) s.loggers.push_back(metrics_);
@@ -258,6 +264,7 @@ class Runner {
     if (rec.skipped_batches > 0)
       say(fmt::format("[{}] {} batches skipped: non-finite loss or gradients (on_non_finite = \"skip\")", spec.name,
                       rec.skipped_batches));
+    if (!rec.restored_best.empty()) say(fmt::format("[{}] {}", spec.name, rec.restored_best));
     if (!rec.stop_reason.empty()) say(fmt::format("[{}] stage ended early: {}", spec.name, rec.stop_reason));
     else if (pauses) return pause_here(index, true);
     return end_stage(row, index, rec.stop_reason);
@@ -297,6 +304,7 @@ class Runner {
     json end = {{"event", "stage_end"}, {"stage", row.name}, {"epoch", row.end.epoch}, {"batch", row.end.batch},
                 {"sample", row.end.sample}, {"seconds", row.seconds}, {"loss", row.loss}};
     if (!stop_reason.empty()) end["stop_reason"] = stop_reason;
+    if (const auto& rec = result_.state.history.back(); !rec.restored_best.empty()) end["restored_best"] = rec.restored_best;
     metrics_->event(end);
     const fs::path path = o_.dir / "checkpoints" / checkpoint_name(result_.state.time.batch, true);
     if (auto ok = save_checkpoint(result_.state, path, meta(index, true)); !ok)

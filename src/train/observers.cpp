@@ -122,6 +122,11 @@ void Observers::finish() {
     const bool weights_moved = std::any_of(spec_.algorithms.begin(), spec_.algorithms.end(),
                                            [](const Algorithm& a) { return static_cast<bool>(a.stage_end); });
     if (spec_.evaluation && spec_.evaluation->at_stage_end && (weights_moved || evaluated_at_ != s_.time.batch)) evaluate();
+    if (spec_.keep_best && spec_.keep_best->restore)
+      if (auto what = restore_kept(*spec_.keep_best, s_)) {
+        s_.history[record_].restored_best = *what;
+        if (what->rfind("restored", 0) == 0) evaluate(false);  // the stage's last metrics are of its weights
+      }
     if (!spec_.checkpoints.dir.empty() && spec_.checkpoints.at_stage_end) write_checkpoint(true);
   } else if (interrupted_ && !spec_.checkpoints.dir.empty() && spec_.checkpoints.on_interrupt) {
     write_checkpoint(false);
@@ -130,9 +135,9 @@ void Observers::finish() {
   for (const auto& l : spec_.loggers) l->flush();
 }
 
-void Observers::evaluate() {
+void Observers::evaluate(bool callbacks) {
   evaluated_at_ = s_.time.batch;
-  hooks_.fire(Event::eval_start);
+  if (callbacks) hooks_.fire(Event::eval_start);
   s_.rng = rng_.current();  // eval draws nothing, but reads the state's generator
   EvalSpec eval_spec = spec_.evaluation->spec;
   if (spec_.distributed && !eval_spec.distributed) eval_spec.distributed = spec_.distributed;  // shards, reduced counts
@@ -141,13 +146,14 @@ void Observers::evaluate() {
     return eval(eval_spec, s_);
   }();
   if (!m) throw BatonException(m.error().with_context("evaluation"));
+  if (spec_.keep_best && callbacks) keep_if_best(*spec_.keep_best, *m, s_);
   if (hooks_.any_loggers) {
     std::map<std::string, double> flat;
     for (const auto& [set, values] : *m)
       for (const auto& [metric, v] : values) flat[fmt::format("eval/{}/{}", set, metric)] = v;
     hooks_.send(flat);
   }
-  hooks_.fire(Event::eval_end, nullptr, &*m);
+  if (callbacks) hooks_.fire(Event::eval_end, nullptr, &*m);
 }
 
 void Observers::write_checkpoint(bool stage_done) {

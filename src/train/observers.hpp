@@ -21,6 +21,15 @@ namespace baton::detail {
 /// split into several fits, or steps, leaves the same history as one fit), else a new one.
 std::size_t open_record(TrainState& s, const std::string& stage, std::optional<TransferReport> transfer);
 
+/// KeepBest (keep_best.cpp): records the state's weights when `m` beats the kept value of this
+/// scope (true: it did); an error when `m` lacks the metric.
+bool keep_if_best(const KeepBest& keep, const Metrics& m, TrainState& s);
+/// At the stage's end: the kept weights of this scope into the model (unless they are the
+/// current ones); what happened, for StageRecord::restored_best, or nullopt when none is kept.
+std::optional<std::string> restore_kept(const KeepBest& keep, TrainState& s);
+/// The batch of the kept best's evaluation, if any (the run writes its best file when it is now).
+std::optional<std::int64_t> kept_batch(const TrainState& s);
+
 class Observers {
  public:
   /// Opens (or extends) the stage's history record; `transfer` is what begin_stage reported.
@@ -51,7 +60,9 @@ class Observers {
   void finish();
 
  private:
-  void evaluate();
+  /// Evaluates; keeps the best (KeepBest); the loggers get the metrics, and the callbacks too
+  /// unless `callbacks` is false (the evaluation of restored weights is not a new one for them).
+  void evaluate(bool callbacks = true);
   void write_checkpoint(bool stage_done);
 
   const TrainingSpec& spec_;
