@@ -78,16 +78,6 @@ bool due(const EventView& v, std::int64_t every) {
 }
 
 /// metrics["test"]["accuracy"] for "test/accuracy".
-std::optional<double> lookup(const std::map<std::string, std::map<std::string, double>>& m, const std::string& key) {
-  const auto slash = key.find('/');
-  if (slash == std::string::npos) return std::nullopt;
-  auto set = m.find(key.substr(0, slash));
-  if (set == m.end()) return std::nullopt;
-  auto metric = set->second.find(key.substr(slash + 1));
-  if (metric == set->second.end()) return std::nullopt;
-  return metric->second;
-}
-
 std::string known_metrics(const std::map<std::string, std::map<std::string, double>>& m) {
   std::vector<std::string> keys;
   for (const auto& [set, values] : m)
@@ -173,7 +163,7 @@ Callback nan_monitor(MonitorOptions o) {
 Callback early_stopping(EarlyStoppingOptions o) {
   return {"early_stopping", [o](const EventView& v) -> std::optional<std::string> {
             if (v.event != Event::eval_end) return std::nullopt;
-            const auto value = lookup(*v.metrics, o.metric);
+            const auto value = metric_value(*v.metrics, o.metric);
             if (!value)
               return fmt::format("metric \"{}\" is not among the evaluated ones ({}); stopping rather than "
                                  "training blind", o.metric, known_metrics(*v.metrics));
@@ -203,7 +193,7 @@ Callback early_stopping(EarlyStoppingOptions o) {
 Callback threshold_stop(ThresholdOptions o) {
   return {"threshold_stop", [o](const EventView& v) -> std::optional<std::string> {
             if (v.event != Event::eval_end) return std::nullopt;
-            const auto value = lookup(*v.metrics, o.metric);
+            const auto value = metric_value(*v.metrics, o.metric);
             if (!value)
               return fmt::format("metric \"{}\" is not among the evaluated ones ({})", o.metric, known_metrics(*v.metrics));
             if (o.mode == Mode::max ? *value >= o.threshold : *value <= o.threshold)
@@ -225,7 +215,8 @@ class ConsoleLogger final : public Logger {
   explicit ConsoleLogger(std::shared_ptr<Progress> progress) : progress_(std::move(progress)) {}
   void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override {
     std::string line = fmt::format("[{}] epoch {} batch {}:", stage, t.epoch, t.batch);
-    for (const auto& [k, v] : scalars) line += fmt::format(" {}={:.6g}", k, v);
+    for (const auto& [k, v] : scalars)  // details ("eval/test/f1/3") go to the files, not the console
+      if (!k.starts_with("eval/") || !is_detail(k.substr(k.find('/', 5) + 1))) line += fmt::format(" {}={:.6g}", k, v);
     progress_->line(line);
   }
   void flush() override {}

@@ -6,6 +6,7 @@
 #include "baton/eval.hpp"
 #include "baton/state.hpp"
 #include "detail.hpp"
+#include "weights.hpp"
 
 namespace baton {
 
@@ -22,12 +23,13 @@ class EvalModeScope {
   bool was_training_;
 };
 
-/// A copy of `s` holding the weights an algorithm keeps (e.g. its EMA) in place of its own.
-Expected<TrainState> with_weights(const std::string& which, const TrainState& s) {
+}  // namespace
+
+Expected<TrainState> detail::with_weights(const std::string& which, const TrainState& s) {
   auto it = s.algorithm_state.find(which);
   if (it == s.algorithm_state.end() || it->second.empty())
     return fail(ErrorCode::invalid_argument,
-                fmt::format("eval: weights \"{}\" requested, but the state holds none; add the algorithm \"{}\" "
+                fmt::format("weights \"{}\" requested, but the state holds none; add the algorithm \"{}\" "
                             "to the training spec and train at least one step with it",
                             which, which));
   TrainState swapped = s;
@@ -36,7 +38,7 @@ Expected<TrainState> with_weights(const std::string& which, const TrainState& s)
       auto jt = it->second.find(name);
       if (jt == it->second.end() || !jt->second.defined() || jt->second.sizes() != t.sizes())
         return fail(ErrorCode::shape_mismatch,
-                    fmt::format("eval: weights \"{}\" have no tensor \"{}\" of shape {} (the model changed since "
+                    fmt::format("weights \"{}\" have no tensor \"{}\" of shape {} (the model changed since "
                                 "they were recorded?)", which, name, detail::shape_string(t)));
       t.copy_(jt->second);
     }
@@ -47,17 +49,108 @@ Expected<TrainState> with_weights(const std::string& which, const TrainState& s)
   return swapped;
 }
 
+namespace {
+
+/// A metric's statistics summed over batches: integral ones as they come, floating ones row by
+/// row in sample order (float64), so the sums do not depend on the batch size.
+struct Sums {
+  torch::Tensor counts;        // integral statistics, summed
+  std::vector<double> rows{};  // floating statistics: the sum of the rows so far
+  bool floating = false, seen = false;
+
+  Expected<void> add(torch::Tensor stats, std::int64_t take) {
+    const bool f = stats.is_floating_point();
+    if (seen && f != floating) return fail(ErrorCode::invalid_argument, "gave integral and floating statistics");
+    floating = f;
+    if (f) {
+      if (stats.dim() != 2 || stats.size(0) != take)
+        return fail(ErrorCode::shape_mismatch,
+                    fmt::format("gave floating statistics of shape {} for a batch of {}; floating statistics are one "
+                                "row per sample, [batch, k]", detail::shape_string(stats), take));
+      stats = stats.to(torch::kCPU, torch::kDouble).contiguous();
+      if (!seen) rows.assign(static_cast<std::size_t>(stats.size(1)), 0.0);
+      if (static_cast<std::size_t>(stats.size(1)) != rows.size())
+        return fail(ErrorCode::shape_mismatch, fmt::format("gave rows of {} values after rows of {}", stats.size(1), rows.size()));
+      const auto a = stats.accessor<double, 2>();
+      for (std::int64_t i = 0; i < a.size(0); ++i)
+        for (std::int64_t j = 0; j < a.size(1); ++j) rows[static_cast<std::size_t>(j)] += a[i][j];
+    } else {
+      stats = stats.to(torch::kCPU, torch::kLong);
+      if (stats.dim() > 3) return fail(ErrorCode::shape_mismatch, fmt::format("gave counts of {} dimensions; at most 3", stats.dim()));
+      if (seen && stats.sizes() != counts.sizes())
+        return fail(ErrorCode::shape_mismatch, fmt::format("gave counts of shape {} after {}", detail::shape_string(stats),
+                                                           detail::shape_string(counts)));
+      counts = seen ? counts + stats : stats.clone();
+    }
+    seen = true;
+    return {};
+  }
+  /// The sums as float64 ({} when nothing was seen).
+  [[nodiscard]] torch::Tensor total() const {
+    if (!seen) return {};
+    return floating ? torch::tensor(rows, torch::kDouble) : counts.to(torch::kDouble);
+  }
+};
+
+/// What the metric needs of the targets, checked against a batch; empty when it fits.
+std::string misfit(const Metric& m, const torch::Tensor& out, const torch::Tensor& y) {
+  if (m.targets == MetricTargets::classes && !(y.scalar_type() == torch::kLong && y.dim() == 1 && out.dim() == 2))
+    return fmt::format("needs int64 class targets [batch] and logits [batch, classes]; got targets {} ({}) and output {}",
+                       detail::shape_string(y), c10::toString(y.scalar_type()), detail::shape_string(out));
+  if (m.targets == MetricTargets::values && !(y.is_floating_point() && out.numel() == y.numel()))
+    return fmt::format("needs floating targets with the output's elements; got targets {} ({}) and output {}",
+                       detail::shape_string(y), c10::toString(y.scalar_type()), detail::shape_string(out));
+  return "";
+}
+
+/// Every rank's sums added: shapes agreed first (a rank with an empty shard saw no batch).
+Expected<std::vector<torch::Tensor>> reduce(const Distributed& d, const std::vector<Sums>& sums, const std::string& what) {
+  constexpr std::int64_t kSlots = 5;  // seen, floating, d0..d2 (+1 each; 0: no such dimension)
+  auto shapes = torch::zeros({static_cast<std::int64_t>(sums.size()), kSlots}, torch::kLong);
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    const auto t = sums[i].total();
+    if (!t.defined()) continue;
+    const auto row = static_cast<std::int64_t>(i);
+    shapes[row][0] = 1, shapes[row][1] = sums[i].floating ? 1 : 0;
+    for (std::int64_t k = 0; k < t.dim(); ++k) shapes[row][2 + k] = t.size(k) + 1;
+  }
+  if (auto ok = d.all_reduce({shapes}, Distributed::Op::max, what); !ok) return tl::unexpected(ok.error());
+  std::vector<torch::Tensor> totals;
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    auto t = sums[i].total();
+    if (!t.defined()) {
+      std::vector<std::int64_t> dims;
+      for (std::int64_t k = 2; k < kSlots && shapes[static_cast<std::int64_t>(i)][k].item<std::int64_t>() > 0; ++k)
+        dims.push_back(shapes[static_cast<std::int64_t>(i)][k].item<std::int64_t>() - 1);
+      t = shapes[static_cast<std::int64_t>(i)][0].item<std::int64_t>() ? torch::zeros(dims, torch::kDouble) : torch::Tensor();
+    }
+    totals.push_back(t);
+  }
+  std::vector<torch::Tensor> flat;
+  for (const auto& t : totals)
+    if (t.defined()) flat.push_back(t.reshape({-1}));
+  if (!flat.empty()) {
+    auto all = torch::cat(flat);
+    if (auto ok = d.all_reduce({all}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
+    std::int64_t at = 0;
+    for (auto& t : totals)
+      if (t.defined()) t = all.narrow(0, at, t.numel()).view(t.sizes()).clone(), at += t.numel();
+  }
+  return totals;
+}
+
 /// The metrics of one set: sums over this rank's shard, reduced across ranks.
 Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const TrainState& s, const std::string& name,
                                                  const Dataset& ds) {
-  if (auto ok = ds.validate(); !ok) return tl::unexpected(ok.error().with_context(fmt::format("eval set \"{}\"", name)));
+  auto where = [&](const Error& e) { return tl::unexpected(e.with_context(fmt::format("eval set \"{}\"", name))); };
+  if (auto ok = ds.validate(); !ok) return where(ok.error());
   const std::int64_t n = spec.limit ? std::min(ds.size(), *spec.limit) : ds.size();
   if (n <= 0) return fail(ErrorCode::invalid_argument, fmt::format("eval set \"{}\": no samples to evaluate", name));
   const bool classes = ds.targets.scalar_type() == torch::kLong && ds.targets.dim() == 1;
+  const auto metrics = spec.metrics.empty() ? metric::defaults(classes ? MetricTargets::classes : MetricTargets::values)
+                                            : spec.metrics;
   double loss_sum = 0;
-  std::int64_t correct = 0;
-  std::vector<std::int64_t> topk_correct(spec.top_k.size(), 0);
-  std::int64_t num_classes = 0;
+  std::vector<Sums> sums(metrics.size());
   // Across ranks: this rank's contiguous shard of the set; sums and counts reduced below.
   const auto [lo, count] = spec.distributed ? spec.distributed->shard(n) : std::pair<std::int64_t, std::int64_t>{0, n};
   // The data stays where it is; each batch goes to the model's device (a state trained on a GPU).
@@ -79,40 +172,33 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
     }
     auto l = spec.loss.fn(out, y);
     loss_sum += l.item<double>() * static_cast<double>(take);
-    if (classes && out.dim() == 2) {
-      num_classes = out.size(1);
-      correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
-      for (std::size_t k = 0; k < spec.top_k.size(); ++k) {
-        if (spec.top_k[k] >= out.size(1)) {  // the top k of fewer than k classes hold every class
-          topk_correct[k] += take;
-          continue;
-        }
-        auto top = std::get<1>(out.topk(spec.top_k[k], 1));
-        topk_correct[k] += top.eq(y.unsqueeze(1)).any(1).sum().item<std::int64_t>();
-      }
+    for (std::size_t k = 0; k < metrics.size(); ++k) {
+      const auto& m = metrics[k];
+      if (const auto why = misfit(m, out, y); !why.empty())
+        return fail(ErrorCode::shape_mismatch, fmt::format("eval set \"{}\": metric \"{}\" {}", name, m.name, why));
+      if (auto ok = sums[k].add(m.batch(out, y), take); !ok)
+        return where(ok.error().with_context(fmt::format("metric \"{}\"", m.name)));
     }
   }
+  std::vector<torch::Tensor> totals;
   if (spec.distributed) {
-    std::vector<double> sums{loss_sum, static_cast<double>(correct)};
-    for (auto c : topk_correct) sums.push_back(static_cast<double>(c));
-    auto summed = torch::tensor(sums, torch::kDouble);
-    auto most = torch::tensor(std::vector<std::int64_t>{num_classes}, torch::kLong);  // a rank with an empty shard saw none
     const std::string what = fmt::format("the metrics of eval set \"{}\"", name);
-    if (auto ok = spec.distributed->all_reduce({summed}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
-    if (auto ok = spec.distributed->all_reduce({most}, Distributed::Op::max, what); !ok) return tl::unexpected(ok.error());
-    loss_sum = summed[0].item<double>();
-    correct = std::llround(summed[1].item<double>());
-    for (std::size_t k = 0; k < topk_correct.size(); ++k) topk_correct[k] = std::llround(summed[2 + static_cast<std::int64_t>(k)].item<double>());
-    num_classes = most[0].item<std::int64_t>();
+    auto loss = torch::tensor(std::vector<double>{loss_sum}, torch::kDouble);
+    if (auto ok = spec.distributed->all_reduce({loss}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
+    loss_sum = loss[0].item<double>();
+    auto reduced = reduce(*spec.distributed, sums, what);
+    if (!reduced) return tl::unexpected(reduced.error());
+    totals = std::move(*reduced);
+  } else {
+    for (const auto& x : sums) totals.push_back(x.total());
   }
-  std::map<std::string, double> m;
-  m["loss"] = loss_sum / static_cast<double>(n);
-  if (classes && num_classes > 0) {
-    m["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
-    for (std::size_t k = 0; k < spec.top_k.size(); ++k)
-      m[fmt::format("top{}_accuracy", spec.top_k[k])] = static_cast<double>(topk_correct[k]) / static_cast<double>(n);
+  std::map<std::string, double> values;
+  values["loss"] = loss_sum / static_cast<double>(n);
+  for (std::size_t k = 0; k < metrics.size(); ++k) {
+    if (!totals[k].defined()) continue;
+    for (const auto& [key, v] : metrics[k].finish(totals[k], n)) values[key.empty() ? metrics[k].name : metrics[k].name + "/" + key] = v;
   }
-  return m;
+  return values;
 }
 
 }  // namespace
@@ -123,13 +209,16 @@ Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
     if (spec.batch_size <= 0)
       return fail(ErrorCode::invalid_argument, fmt::format("eval: batch_size must be positive, got {}", spec.batch_size));
     if (!spec.loss.fn) return fail(ErrorCode::invalid_argument, "eval: no loss function set");
-    for (const auto k : spec.top_k)
-      if (k < 1) return fail(ErrorCode::invalid_argument, fmt::format("eval: top_k holds {}; each k must be at least 1", k));
+    for (const auto& m : spec.metrics)
+      if (m.name.empty() || is_detail(m.name) || m.name == "loss" || !m.batch || !m.finish)
+        return fail(ErrorCode::invalid_argument,
+                    fmt::format("eval: metric \"{}\" needs a name without '/' other than \"loss\", and both "
+                                "functions (batch, finish)", m.name));
     torch::NoGradGuard no_grad;
     if (!spec.weights.empty()) {
       EvalSpec plain = spec;
       plain.weights.clear();
-      return with_weights(spec.weights, s).and_then([&](const TrainState& swapped) { return eval(plain, swapped); });
+      return detail::with_weights(spec.weights, s).and_then([&](const TrainState& swapped) { return eval(plain, swapped); });
     }
     // The whole evaluation is one exclusive section (docs/threads.md): the module's eval mode
     // and any draws of its forward are never seen by another thread; the state is left as it was.
@@ -143,6 +232,15 @@ Expected<Metrics> eval(const EvalSpec& spec, const TrainState& s) {
     }
     return metrics;
   });
+}
+
+std::optional<double> metric_value(const Metrics& m, const std::string& name) {
+  const auto slash = name.find('/');
+  if (slash == std::string::npos) return std::nullopt;
+  const auto set = m.find(name.substr(0, slash));
+  if (set == m.end()) return std::nullopt;
+  const auto v = set->second.find(name.substr(slash + 1));
+  return v == set->second.end() ? std::nullopt : std::optional(v->second);
 }
 
 }  // namespace baton

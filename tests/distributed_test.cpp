@@ -317,22 +317,43 @@ TEST_CASE("a rank that hangs makes the other fail with an error when the timeout
   CHECK(waited < 15);
 }
 
-TEST_CASE("evaluation across 2 ranks equals one process's metrics", "[distributed]") {
+TEST_CASE("evaluation across 2 ranks equals one process's metrics, every kind of metric, an empty shard too", "[distributed]") {
   const auto test_set = test::blobs(301, 5, "test");  // 151 + 150 samples
   const auto state = state_of(bn_mlp());
-  const baton::EvalSpec spec{.sets = {{"test", test_set}}, .batch_size = 64, .top_k = {2}};
-  const auto one = baton::eval(spec, state);
-  REQUIRE(one.has_value());
-  auto results = on_ranks<baton::Metrics>(2, [&](int, std::shared_ptr<const baton::Distributed> g) {
-    baton::EvalSpec s = spec;
-    s.distributed = g;
-    return baton::eval(s, state);
-  });
-  for (int r = 0; r < 2; ++r) {
-    const auto m = ok(results[static_cast<std::size_t>(r)]);
-    CHECK(m.at("test").at("accuracy") == one->at("test").at("accuracy"));
-    CHECK(m.at("test").at("top2_accuracy") == one->at("test").at("top2_accuracy"));
-    CHECK(m.at("test").at("loss") == Approx(one->at("test").at("loss")).epsilon(1e-6));
+  // A float target of the output's shape for the regression metrics (the same model's logits).
+  torch::manual_seed(3);
+  const auto values = baton::Dataset{test_set.inputs, torch::randn({301, 4}), "values"};
+  namespace metric = baton::metric;
+  const std::vector<baton::Metric> class_metrics = {metric::accuracy(), metric::top_k_accuracy(2), metric::f1(),
+                                                    metric::balanced_accuracy(), metric::confusion_matrix()};
+  // "one": a set of 1 sample leaves rank 1 an empty shard; its statistics take their shape from rank 0.
+  const baton::EvalSpec spec{.sets = {{"test", test_set}, {"one", test_set.head(1)}}, .batch_size = 64,
+                             .metrics = class_metrics};
+  const baton::EvalSpec regression{.sets = {{"values", values}, {"one_value", values.head(1)}},
+                                   .loss = baton::loss::mse(), .batch_size = 64,
+                                   .metrics = {metric::mae(), metric::mse(), metric::rmse(), metric::r2()}};
+  for (const auto* e : {&spec, &regression}) {
+    const auto one = baton::eval(*e, state);
+    REQUIRE(one.has_value());
+    auto results = on_ranks<baton::Metrics>(2, [&](int, std::shared_ptr<const baton::Distributed> g) {
+      baton::EvalSpec s = *e;
+      s.distributed = g;
+      return baton::eval(s, state);
+    });
+    for (int r = 0; r < 2; ++r) {
+      const auto m = ok(results[static_cast<std::size_t>(r)]);
+      REQUIRE(m.size() == one->size());
+      for (const auto& [set, vs] : *one) {
+        REQUIRE(m.at(set).size() == vs.size());
+        for (const auto& [k, v] : vs) {
+          INFO("rank " << r << ": " << set << "/" << k);
+          // Counts are exact; float values differ in rounding only.
+          if (e == &spec && k != "loss") CHECK(m.at(set).at(k) == v);
+          else CHECK(m.at(set).at(k) == Approx(v).epsilon(1e-6));  // a shard cut into other batches: float32 outputs differ in the last bits
+        }
+      }
+    }
+    if (e == &spec) CHECK(one->at("test").count("confusion_matrix/3/3") == 1);
   }
 }
 

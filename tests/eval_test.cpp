@@ -8,7 +8,9 @@ TEST_CASE("eval computes loss, accuracy and top-k and changes nothing", "[eval]"
   const auto global_next = torch::rand({3});
   torch::manual_seed(5);
 
-  const baton::EvalSpec spec{.sets = {{"all", data}, {"head", data.head(50)}}, .batch_size = 64, .top_k = {1, 4, 9}};
+  const baton::EvalSpec spec{.sets = {{"all", data}, {"head", data.head(50)}}, .batch_size = 64,
+                              .metrics = {baton::metric::accuracy(), baton::metric::top_k_accuracy(1),
+                                          baton::metric::top_k_accuracy(4), baton::metric::top_k_accuracy(9)}};
   auto m = baton::eval(spec, s);
   REQUIRE(m);
   CHECK(torch::rand({3}).equal(global_next));

@@ -69,7 +69,7 @@ sample_seed = 99
 [defaults]
 batch_size = 25
 optimizer = { name = "adam", lr = 0.01 }
-eval = { sets = ["test"], interval = "10ba" }
+eval = { sets = ["test"], interval = "10ba", metrics = ["accuracy", "f1", "confusion_matrix"] }
 [[stages]]
 name = "warmup"
 duration = "1ep"
@@ -105,8 +105,8 @@ Expected expected_from(const fs::path& run_dir, const std::string& prefix = "") 
     }
     if (event == "eval")
       for (const auto& [k, v] : j.items())
-        if (v.is_number() && k != "epoch" && k != "batch" && k != "sample")
-          ++e.points[prefix + j.at("set").get<std::string>() + "/" + k];
+        if (v.is_number() && k != "epoch" && k != "batch" && k != "sample" && k.find('/') == std::string::npos)
+          ++e.points[prefix + j.at("set").get<std::string>() + "/" + k];  // details ("f1/3") are in tables
   }
   for (const char* s : {"loss", "loss (smoothed)", "learning rate", "samples/s"}) e.points[prefix + s] = train;
   return e;
@@ -184,6 +184,19 @@ TEST_CASE("baton run writes report.html: every series with its points, stages na
                                Catch::Contains("50, adam") && Catch::Contains("test/accuracy"));
   REQUIRE(std::regex_search(html, row, std::regex("<tr data-stage=\"warmup\">(.*?)</tr>")));
   CHECK_THAT(row[1].str(), Catch::Contains("25, adam") && Catch::Contains("0 → 500"));
+  // The last evaluation's confusion matrix: 4 x 4 cells counting the 200 test samples, and F1 per class.
+  std::smatch grid;
+  REQUIRE(std::regex_search(html, grid, std::regex("<table class=\"confusion\" data-set=\"test\" data-classes=\"4\">([\\s\\S]*?)</table>")));
+  const std::string cells = grid[1];
+  static const std::regex count("data-count=\"([0-9]+)\"");
+  int n = 0, total = 0;
+  for (auto it = std::sregex_iterator(cells.begin(), cells.end(), count); it != std::sregex_iterator(); ++it)
+    ++n, total += std::stoi((*it)[1]);
+  CHECK(n == 16);
+  CHECK(total == 200);
+  CHECK_THAT(html, Catch::Contains("<table class=\"classes\" data-set=\"test\"><thead><tr><th>class</th><th>f1</th>"));
+  CHECK(series.count("test/f1") == 1);
+  CHECK(series.count("test/f1/0") == 0);
   // The resolved config, escaped.
   CHECK_THAT(html, Catch::Contains("optimizer_carry = 'fresh'"));
   CHECK_THAT(html, Catch::Contains("<h1>baton report: report-small</h1>"));
@@ -308,7 +321,7 @@ TEST_CASE("baton report of a resumed run: re-logged batches replace the earlier 
   fs::remove_all(dir);
 }
 
-TEST_CASE("the report in headless Chromium: every plot draws its series with all points, no console errors",
+TEST_CASE("the report in headless Chromium: every plot draws its series with all points, the confusion matrix its cells, no console errors",
           "[report][browser]") {
   const char* chromium = "/usr/bin/chromium";
   if (!fs::exists(chromium))
@@ -334,6 +347,8 @@ TEST_CASE("the report in headless Chromium: every plot draws its series with all
   CHECK_THAT(battrs, Catch::Contains("data-ready=\"1\"") && Catch::Contains("data-errors=\"0\"") &&
                          Catch::Contains("data-series-mismatch=\"0\""));
   CHECK_THAT(battrs, Catch::Contains(fmt::format("data-series-drawn=\"{}\"", e.points.size())));
+  // The confusion matrix: 4 x 4 cells, each painted by the browser.
+  CHECK_THAT(battrs, Catch::Contains("data-confusion-cells=\"16\"") && Catch::Contains("data-confusion-mismatch=\"0\""));
   const auto series = series_in(dom.out);
   REQUIRE(series.size() == e.points.size());
   for (const auto& [name, n] : e.points) {
@@ -386,5 +401,53 @@ TEST_CASE("y tick labels of a narrow range all differ (enough decimals for the s
   REQUIRE(labels.size() >= 3);
   CHECK(std::set<std::string>(labels.begin(), labels.end()).size() == labels.size());
   CHECK_THAT(labels.front(), Catch::StartsWith("0.998"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the shipped curriculum's report shows the confusion matrix of val and test, painted in Chromium, and keeps its best",
+          "[report][browser][example]") {
+  const char* chromium = "/usr/bin/chromium";
+  if (!fs::exists(chromium))
+    FAIL("this test needs Chromium at /usr/bin/chromium (Debian package chromium; scripts/common.sh installs it)");
+  const auto dir = temp_dir("shipped");
+  // The main job, small: 3000 training images (300 held out as val), 500 test images, 3 one-epoch stages.
+  const auto r = baton(fmt::format(
+      "run {}/examples/fashion_mnist.toml --run-dir {} --set datasets.train.limit=3000 --set datasets.val.limit=3000 "
+      "--set datasets.test.limit=500 --set run.max_duration=3ep --set stage.main.duration=1ep "
+      "--set stage.finetune.duration=1ep --set stage.finetune.eval.interval=4ba",
+      BATON_SOURCE_DIR, (dir / "run").string()));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(fs::exists(dir / "run/best-finetune.baton"));  // keep_best
+  const fs::path page = dir / "run/report.html";
+  const auto html = slurp(page);
+  for (const auto& [set, samples] : {std::pair{"val", 300}, std::pair{"test", 500}}) {
+    INFO(set);
+    std::smatch grid;
+    REQUIRE(std::regex_search(html, grid, std::regex(fmt::format("<table class=\"confusion\" data-set=\"{}\" data-classes=\"10\">([\\s\\S]*?)</table>", set))));
+    const std::string cells = grid[1];
+    static const std::regex count("data-count=\"([0-9]+)\"");
+    int n = 0, total = 0;
+    for (auto it = std::sregex_iterator(cells.begin(), cells.end(), count); it != std::sregex_iterator(); ++it)
+      ++n, total += std::stoi((*it)[1]);
+    CHECK(n == 100);
+    CHECK(total == samples);
+  }
+  // The end of the fine-tune restored its best evaluation, and says so.
+  std::ifstream in(dir / "run/metrics.jsonl");
+  bool restored = false;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "stage_end" && j.value("stage", "") == "finetune") restored = j.contains("restored_best");
+  }
+  CHECK(restored);
+  const std::string flags = fmt::format("--headless --no-sandbox --disable-gpu --user-data-dir={} --hide-scrollbars",
+                                        (dir / "profile").string());
+  const auto dom = shell(fmt::format("timeout 60 {} {} --dump-dom file://{} 2>/dev/null", chromium, flags, page.string()));
+  REQUIRE(dom.rc == 0);
+  std::smatch body;
+  REQUIRE(std::regex_search(dom.out, body, std::regex("<body ([^>]*)>")));
+  CHECK_THAT(std::string(body[1]), Catch::Contains("data-confusion-cells=\"200\"") &&
+                                       Catch::Contains("data-confusion-mismatch=\"0\"") && Catch::Contains("data-errors=\"0\""));
   fs::remove_all(dir);
 }

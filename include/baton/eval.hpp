@@ -13,19 +13,23 @@
 #include "baton/data.hpp"
 #include "baton/error.hpp"
 #include "baton/loss.hpp"
+#include "baton/metrics.hpp"
 #include "baton/state.hpp"
 
 namespace baton {
 
 class Distributed;  // distributed.hpp
 
-/// What to evaluate. Metrics per set: "loss" (the mean of `loss` over samples), and for int64
-/// class targets "accuracy" and "top<k>_accuracy" for each k in `top_k`.
+/// What to evaluate. Metrics per set: "loss" (the mean over samples of `loss`, weighted by batch
+/// size) and each of `metrics` (metrics.hpp).
 struct EvalSpec {
   std::vector<std::pair<std::string, Dataset>> sets{};
   Loss loss = baton::loss::cross_entropy();
   std::int64_t batch_size = 256;  ///< activations of a batch stay under glibc's mmap threshold
-  std::vector<std::int64_t> top_k = {5};
+  /// The metrics besides the loss, in order. Empty: `metric::defaults` for each set's targets
+  /// (accuracy and top-5 accuracy for class targets). A listed metric whose targets a set does not
+  /// have (accuracy on regression targets) is an error naming both.
+  std::vector<Metric> metrics{};
   /// Evaluate on the first `limit` samples of each set only (a quick estimate during training).
   std::optional<std::int64_t> limit{};
   /// Evaluate with weights an algorithm keeps instead of the model's own: "ema" or "swa" (the
@@ -40,6 +44,9 @@ struct EvalSpec {
 
 /// Metric values by set name, then metric name: `metrics["test"]["accuracy"]`.
 using Metrics = std::map<std::string, std::map<std::string, double>>;
+
+/// A value by its full name, "<set>/<metric>" ("val/accuracy", "val/f1/3"); none when absent.
+std::optional<double> metric_value(const Metrics& m, const std::string& name);
 
 Expected<Metrics> eval(const EvalSpec& spec, const TrainState& state);
 

@@ -18,6 +18,9 @@ using detail::Problems;
 using detail::Reader;
 using detail::kInheritable;
 using detail::kStageOnly;
+using detail::parse_eval;
+using detail::check_watched_metrics;
+using detail::read_keep_best;
 
 // ---------------------------------------------------------------- SpecBuilder::Impl
 std::vector<const toml::table*> SpecBuilder::Impl::layers(bool inheritable) const {
@@ -109,8 +112,6 @@ SpecBuilder SpecBuilder::with(std::function<TrainingSpec(TrainingSpec)> change) 
 // ---------------------------------------------------------------- build
 namespace {
 using Impl = SpecBuilder::Impl;
-
-const std::vector<std::string> kEvalKeys = {"sets", "interval", "batch_size", "top_k", "limit", "weights"};
 
 /// The plain keys: duration, data and batching, loss, accumulation, clipping, clock, carry, freeze.
 void read_plain_keys(const Impl& b, Reader& r, TrainingSpec& spec) {
@@ -242,82 +243,6 @@ void read_callbacks(const Impl& b, Reader& r, TrainingSpec& spec) {
   }
 }
 
-/// The metrics this stage's evaluation gives ("<eval set>/<metric>").
-std::vector<std::string> evaluated_metrics(const TrainingSpec& spec) {
-  std::vector<std::string> known;
-  if (!spec.evaluation) return known;
-  const auto& es = spec.evaluation->spec;
-  for (const auto& [set, ds] : es.sets) {
-    known.push_back(set + "/loss");
-    known.push_back(set + "/accuracy");
-    for (const auto k : es.top_k) known.push_back(fmt::format("{}/top{}_accuracy", set, k));
-  }
-  return known;
-}
-
-/// A metric a key watches must be one this stage's evaluation gives, or the key could never act:
-/// an error at validate, with the choices.
-void check_metric(const toml::node* at, const std::string& key, const std::string& metric, const TrainingSpec& spec,
-                  Problems& p) {
-  if (!spec.evaluation) {
-    p.add(at, fmt::format("{}: watches \"{}\", but this stage has no evaluation (eval = {{ sets = [...] }}), so it "
-                          "would never act", key, metric));
-    return;
-  }
-  const auto known = evaluated_metrics(spec);
-  if (std::find(known.begin(), known.end(), metric) == known.end())
-    p.add(at, fmt::format("{}: metric \"{}\"{} is not one this stage's evaluation gives; it gives {}", key, metric,
-                          detail::did_you_mean(metric, known), fmt::join(known, ", ")));
-}
-
-/// The metric a stopping callback watches must be one this stage's evaluation produces.
-void check_watched_metrics(const Impl& b, const TrainingSpec& spec, Problems& p) {
-  const auto* n = b.get("callbacks");
-  const auto* t = n ? n->as_table() : nullptr;
-  if (!t) return;
-  // The metrics they watch when the file names none: the options' own defaults.
-  const std::pair<const char*, std::string> watchers[] = {{"early_stopping", callbacks::EarlyStoppingOptions{}.metric},
-                                                         {"threshold_stop", callbacks::ThresholdOptions{}.metric}};
-  for (const auto& [cb, default_metric] : watchers) {
-    const auto* opts = (*t)[cb].as_table();
-    if (!opts) continue;
-    const std::string metric = (*opts)["metric"].value<std::string>().value_or(default_metric);
-    const toml::node* at = opts->get("metric") ? opts->get("metric") : static_cast<const toml::node*>(opts);
-    check_metric(at, fmt::format("callbacks.{}", cb), metric, spec, p);
-  }
-}
-
-/// keep_best = { metric = "val/accuracy", mode = "max", scope = "stage" } and restore_best = true.
-void read_keep_best(const Impl& b, Reader& r, TrainingSpec& spec) {
-  const auto* n = b.get("keep_best");
-  const auto* restore = b.get("restore_best");
-  const auto restore_value = r.boolean(restore, "restore_best");
-  if (!n) {
-    if (restore_value.value_or(false))
-      r.p.add(restore, r.path + "restore_best: needs keep_best = { metric = \"val/accuracy\", mode = \"max\" } (which "
-                                "evaluation's weights to restore)");
-    return;
-  }
-  const auto* t = n->as_table();
-  if (!t) {
-    r.p.add(n, r.path + "keep_best: expected a table, e.g. keep_best = { metric = \"val/accuracy\", mode = \"max\" }");
-    return;
-  }
-  detail::check_keys(*t, {"metric", "mode", "scope"}, r.path + "keep_best", r.p);
-  KeepBest keep;
-  keep.restore = restore_value.value_or(false);
-  if (auto m = r.string(t->get("metric"), "keep_best.metric")) keep.metric = *m;
-  else if (!t->get("metric")) r.p.add(n, r.path + "keep_best.metric: required, e.g. \"val/accuracy\"");
-  // No default mode: keeping the "best" loss by the largest value would be a silent mistake.
-  if (auto mode = r.one_of<bool>(t->get("mode"), "keep_best.mode", {{"max", true}, {"min", false}})) keep.maximize = *mode;
-  else if (!t->get("mode")) r.p.add(n, r.path + "keep_best.mode: required, \"max\" (accuracy) or \"min\" (a loss)");
-  if (auto scope = r.one_of<KeepBest::Scope>(t->get("scope"), "keep_best.scope",
-                                              {{"stage", KeepBest::Scope::stage}, {"run", KeepBest::Scope::run}}))
-    keep.scope = *scope;
-  check_metric(t->get("metric") ? t->get("metric") : n, r.path + "keep_best", keep.metric, spec, r.p);
-  spec.keep_best = keep;
-}
-
 /// model carry-over: "keep" | "reinitialize" | "transfer" | {carry = ..., fresh = [...]}
 void read_model_carry(const Impl& b, Reader& r, TrainingSpec& spec) {
   const auto* n = b.get("model");
@@ -388,38 +313,6 @@ void read_schedule(const Impl& b, Reader& r, TrainingSpec& spec) {
   else p.add(b.get("schedule"), r.path + s.error().message);
 }
 
-/// The stage's eval table as a plan (the loss is the caller's to set).
-EvalPlan parse_eval(const Impl& b, Problems& p) {
-  Reader r{p, fmt::format("stage \"{}\": eval.", b.name())};
-  std::optional<std::string> unused;
-  auto keys = b.merged("eval", unused, p);
-  auto at = [&](const char* k) { auto it = keys.find(k); return it == keys.end() ? nullptr : it->second; };
-  EvalPlan plan;
-  for (const auto& name : r.strings(at("sets"), "sets").value_or(std::vector<std::string>{})) {
-    if (auto ds = b.dataset(name)) plan.spec.sets.emplace_back(name, *ds);
-    else p.add(at("sets"), r.path + "sets: " + ds.error().to_string());
-  }
-  if (const auto* n = at("interval")) plan.interval = r.time(n, "interval");
-  if (auto v = r.integer(at("batch_size"), "batch_size", 1)) plan.spec.batch_size = *v;
-  if (auto v = r.integer(at("limit"), "limit", 1)) plan.spec.limit = *v;
-  if (auto v = r.string(at("weights"), "weights")) plan.spec.weights = *v;
-  if (const auto* n = at("top_k")) {
-    if (const auto* a = n->as_array()) {
-      plan.spec.top_k.clear();
-      for (const auto& e : *a)
-        if (e.is_integer() && *e.value<std::int64_t>() >= 1) plan.spec.top_k.push_back(*e.value<std::int64_t>());
-        else p.add(&e, r.path + "top_k: expected positive integers");
-    } else {
-      p.add(n, r.path + "top_k: expected an array of integers");
-    }
-  }
-  for (const auto& [k, node] : keys)
-    if (!detail::contains(kEvalKeys, k))
-      p.add(node, fmt::format("{}{}: unknown key{}; valid keys: {}", r.path, k, detail::did_you_mean(k, kEvalKeys),
-                              fmt::join(kEvalKeys, ", ")));
-  if (plan.interval && plan.interval->value <= 0) p.add(at("interval"), r.path + "interval: must be more than zero");
-  return plan;
-}
 }  // namespace
 
 Expected<TrainingSpec> SpecBuilder::build() const {

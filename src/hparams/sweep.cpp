@@ -74,12 +74,7 @@ std::string ranking_metric(const SweepOptions& o, const TrainingSpec& last) {
 }
 
 double score_of(const Metrics& m, const std::string& metric) {
-  const auto slash = metric.find('/');
-  if (slash == std::string::npos) return std::nan("");
-  auto set = m.find(metric.substr(0, slash));
-  if (set == m.end()) return std::nan("");
-  auto v = set->second.find(metric.substr(slash + 1));
-  return v == set->second.end() ? std::nan("") : v->second;
+  return metric_value(m, metric).value_or(std::nan(""));
 }
 
 void write_summary(const fs::path& dir, SweepResult& r) {

@@ -62,6 +62,20 @@ struct Run {
   }
 };
 
+/// True for a metric's detail value ("test/f1/3", "test/confusion_matrix/2/7"): in tables of
+/// their own, not plotted.
+inline bool is_detail_key(const std::string& set_metric) {
+  const auto first = set_metric.find('/');
+  return first != std::string::npos && set_metric.find('/', first + 1) != std::string::npos;
+}
+
+/// `s` with &, <, > and " escaped for HTML.
+std::string escape(const std::string& s);
+
+/// The run's per-class metrics of its last evaluation (classes.cpp): for each set, the confusion
+/// matrix as a heat map and a table of precision, recall and F1 per class; "" when it has none.
+std::string class_sections(const Run& run, bool overlay);
+
 /// A number in 3 significant digits with k/M: "1.23k".
 std::string compact(double v);
 

@@ -69,7 +69,7 @@ void add_line(Run& run, const json& j) {
     for (const auto& [key, v] : j.items()) {
       if (!v.is_number() || key == "epoch" || key == "batch" || key == "sample") continue;
       const std::string metric = set.empty() ? key : set + "/" + key;
-      append(run.eval[metric], {sample, v, stage_name});
+      if (!is_detail_key(metric)) append(run.eval[metric], {sample, v, stage_name});
       st.final_eval[metric] = v;
     }
   }

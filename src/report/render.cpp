@@ -33,22 +33,6 @@ using namespace internal;
 constexpr double kSmoothing = 0.8;  // EMA weight of the smoothed loss (reset at each stage start)
 const std::vector<std::string> kColors = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
 
-std::string escape(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-
 // ---------------------------------------------------------------- SVG plots
 struct Series {
   std::string name;
@@ -208,7 +192,8 @@ std::string stage_table(const Run& run) {
       wall = duration_text(end["seconds"].get<double>());
     }
     std::vector<std::string> evals;
-    for (const auto& [k, v] : s.final_eval) evals.push_back(fmt::format("{}&nbsp;{:.4f}", escape(k), v));
+    for (const auto& [k, v] : s.final_eval)
+      if (!is_detail_key(k)) evals.push_back(fmt::format("{}&nbsp;{:.4f}", escape(k), v));
     std::string opt = "–", carry = "–";
     if (s.start) {
       opt = fmt::format("{}, {} lr {}", text_or(start, "batch_size"), escape(text_or(start, "optimizer")),
@@ -242,6 +227,7 @@ svg .stage line{stroke-dasharray:4 3;stroke-width:1.2}svg .stage text{font-size:
 table{border-collapse:collapse;font-size:12.5px;width:100%}td,th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#f5f5f5}pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px}
 .runs span{margin-right:16px}.runs i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px}
+table.confusion{width:auto}table.confusion td{text-align:right;min-width:34px}table.classes{width:auto}
 #self-check{display:none;background:#fee;border:1px solid #c33;padding:6px;margin:8px 0}
 )";
 
@@ -263,6 +249,20 @@ const char* kScript = R"(
     }
     document.body.setAttribute('data-series-drawn', all.length);
     document.body.setAttribute('data-series-mismatch', bad.length);
+    // Each confusion matrix has classes x classes cells, each painted.
+    var grids = document.querySelectorAll('table.confusion'), cells = 0, badGrids = 0;
+    for (var g = 0; g < grids.length; g++) {
+      var tds = grids[g].querySelectorAll('td[data-count]'), c = Number(grids[g].getAttribute('data-classes'));
+      var painted = 0;
+      for (var t = 0; t < tds.length; t++) if (getComputedStyle(tds[t]).backgroundColor !== 'rgba(0, 0, 0, 0)') ++painted;
+      cells += tds.length;
+      if (tds.length !== c * c || painted !== tds.length) {
+        ++badGrids;
+        bad.push('confusion matrix of ' + grids[g].getAttribute('data-set') + ': ' + tds.length + ' cells, ' + painted + ' painted');
+      }
+    }
+    document.body.setAttribute('data-confusion-cells', cells);
+    document.body.setAttribute('data-confusion-mismatch', badGrids);
     document.body.setAttribute('data-errors', errors.length);
     if (bad.length || errors.length) {
       var box = document.getElementById('self-check');
@@ -389,6 +389,7 @@ Expected<std::string> render(const std::vector<fs::path>& run_dirs) {
       if (auto it = r.eval.find(m); it != r.eval.end()) s.push_back({named(r, m), it->second, r.color, 1.8, 1.0, true});
     html += plot(fmt::format("plot-eval-{}", plot_no++), m, "At each evaluation (interval and stage end).", s, bounds, xmax);
   }
+  for (const auto& r : runs) html += class_sections(r, overlay);
   html += "<h2>Throughput</h2>\n";
   {
     std::vector<Series> s;

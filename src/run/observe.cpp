@@ -91,7 +91,8 @@ class EvalEcho final : public Logger {
     if (!progress_) return;
     std::vector<std::string> parts;
     for (const auto& [set, values] : m)
-      for (const auto& [k, v] : values) parts.push_back(fmt::format("{}/{}={:.4f}", set, k, v));
+      for (const auto& [k, v] : values)
+        if (!is_detail(k)) parts.push_back(fmt::format("{}/{}={:.4f}", set, k, v));
     progress_->line(fmt::format("[{}] epoch {} batch {}: {}", stage, t.epoch, t.batch, fmt::join(parts, " ")));
   }
 

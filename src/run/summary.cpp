@@ -12,7 +12,8 @@ namespace {
 std::string metrics_text(const Metrics& m) {
   std::vector<std::string> parts;
   for (const auto& [set, values] : m)
-    for (const auto& [k, v] : values) parts.push_back(fmt::format("{}/{}={:.4f}", set, k, v));
+    for (const auto& [k, v] : values)
+      if (!is_detail(k)) parts.push_back(fmt::format("{}/{}={:.4f}", set, k, v));
   return fmt::format("{}", fmt::join(parts, " "));
 }
 }  // namespace

@@ -16,15 +16,6 @@ constexpr const char* kValue = "#value";  // '#' is in no parameter name (LibTor
 constexpr const char* kBatch = "#batch";
 constexpr const char* kStage = "#stage_start";
 
-std::optional<double> lookup(const Metrics& m, const std::string& metric) {
-  const auto slash = metric.find('/');
-  if (slash == std::string::npos) return std::nullopt;
-  const auto set = m.find(metric.substr(0, slash));
-  if (set == m.end()) return std::nullopt;
-  const auto v = set->second.find(metric.substr(slash + 1));
-  return v == set->second.end() ? std::nullopt : std::optional(v->second);
-}
-
 /// The kept entry when it belongs to this scope (the stage's own for Scope::stage).
 const std::map<std::string, torch::Tensor>* kept(const KeepBest& keep, const TrainState& s) {
   const auto it = s.algorithm_state.find(kEntry);
@@ -35,7 +26,7 @@ const std::map<std::string, torch::Tensor>* kept(const KeepBest& keep, const Tra
 }  // namespace
 
 bool keep_if_best(const KeepBest& keep, const Metrics& m, TrainState& s) {
-  const auto value = lookup(m, keep.metric);
+  const auto value = metric_value(m, keep.metric);
   if (!value)
     throw BatonException(Error{ErrorCode::invalid_spec,
                                fmt::format("keep_best: metric \"{}\" is not among the evaluated ones", keep.metric), {}});

@@ -1,0 +1,172 @@
+// The built-in metrics (include/baton/metrics.hpp). Class metrics count exactly (int64); the
+// regression ones give one float64 row per sample, which evaluation adds in sample order.
+#include "baton/metrics.hpp"
+
+#include <cmath>
+#include <string>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+namespace baton::metric {
+namespace {
+
+using Values = std::map<std::string, double>;
+
+/// Counts of (target, predicted) pairs, [C, C], rows the targets.
+torch::Tensor confusion(const torch::Tensor& out, const torch::Tensor& y) {
+  const auto c = out.size(1);
+  const auto cells = (y * c + out.argmax(1)).to(torch::kCPU);
+  return torch::bincount(cells, {}, c * c).view({c, c});
+}
+
+/// Per-class values and their mean over the classes `counted` keeps, from a confusion matrix.
+Values per_class(const torch::Tensor& m, const std::function<double(double tp, double support, double predicted)>& value,
+                 const std::function<bool(double support, double predicted)>& counted) {
+  const auto c = m.size(0);
+  const auto support = m.sum(1), predicted = m.sum(0);
+  Values v;
+  double total = 0;
+  std::int64_t classes = 0;
+  for (std::int64_t k = 0; k < c; ++k) {
+    const double tp = m[k][k].item<double>(), s = support[k].item<double>(), p = predicted[k].item<double>();
+    const double x = value(tp, s, p);
+    v[std::to_string(k)] = x;
+    if (counted(s, p)) total += x, ++classes;
+  }
+  v[""] = classes == 0 ? 0.0 : total / static_cast<double>(classes);
+  return v;
+}
+
+double ratio(double a, double b) { return b == 0 ? 0.0 : a / b; }
+bool in_targets_or_predictions(double s, double p) { return s > 0 || p > 0; }
+
+Metric confusion_based(std::string name, std::function<Values(const torch::Tensor&)> finish, bool scalar = true) {
+  return {std::move(name), MetricTargets::classes, confusion,
+          [finish = std::move(finish)](const torch::Tensor& sums, std::int64_t) { return finish(sums); }, scalar};
+}
+
+/// The error of each sample's elements, [B, K] in float64.
+torch::Tensor errors(const torch::Tensor& out, const torch::Tensor& y) {
+  return (out.to(torch::kDouble) - y.to(torch::kDouble)).reshape({y.size(0), -1});
+}
+
+/// Per sample: the sum over its elements of `f(error)`, and the number of elements.
+Metric per_element(std::string name, torch::Tensor (*f)(const torch::Tensor&), double (*finish)(double mean)) {
+  return {std::move(name), MetricTargets::values,
+          [f](const torch::Tensor& out, const torch::Tensor& y) {
+            const auto e = errors(out, y);
+            return torch::stack({f(e).sum(1), torch::full({e.size(0)}, static_cast<double>(e.size(1)), e.options())}, 1);
+          },
+          [finish](const torch::Tensor& sums, std::int64_t) {
+            return Values{{"", finish(ratio(sums[0].item<double>(), sums[1].item<double>()))}};
+          }};
+}
+
+torch::Tensor absolute(const torch::Tensor& e) { return e.abs(); }
+torch::Tensor squared(const torch::Tensor& e) { return e.square(); }
+double same(double x) { return x; }
+double root(double x) { return std::sqrt(x); }
+
+}  // namespace
+
+Metric accuracy() {
+  return {"accuracy", MetricTargets::classes,
+          [](const torch::Tensor& out, const torch::Tensor& y) { return out.argmax(1).eq(y).sum().reshape({1}); },
+          [](const torch::Tensor& sums, std::int64_t n) { return Values{{"", ratio(sums[0].item<double>(), n)}}; }};
+}
+
+Metric top_k_accuracy(std::int64_t k) {
+  return {fmt::format("top{}_accuracy", k), MetricTargets::classes,
+          [k](const torch::Tensor& out, const torch::Tensor& y) {
+            if (k >= out.size(1)) return torch::full({1}, y.size(0), torch::kLong);  // every class is in the top k
+            return std::get<1>(out.topk(k, 1)).eq(y.unsqueeze(1)).any(1).sum().reshape({1});
+          },
+          [](const torch::Tensor& sums, std::int64_t n) { return Values{{"", ratio(sums[0].item<double>(), n)}}; }};
+}
+
+Metric precision() {
+  return confusion_based("precision", [](const torch::Tensor& m) {
+    return per_class(m, [](double tp, double, double p) { return ratio(tp, p); }, in_targets_or_predictions);
+  });
+}
+
+Metric recall() {
+  return confusion_based("recall", [](const torch::Tensor& m) {
+    return per_class(m, [](double tp, double s, double) { return ratio(tp, s); }, in_targets_or_predictions);
+  });
+}
+
+Metric f1() {
+  return confusion_based("f1", [](const torch::Tensor& m) {
+    return per_class(m, [](double tp, double s, double p) { return ratio(2 * tp, s + p); }, in_targets_or_predictions);
+  });
+}
+
+Metric balanced_accuracy() {
+  return confusion_based("balanced_accuracy", [](const torch::Tensor& m) {
+    auto v = per_class(m, [](double tp, double s, double) { return ratio(tp, s); }, [](double s, double) { return s > 0; });
+    return Values{{"", v.at("")}};
+  });
+}
+
+Metric confusion_matrix() {
+  return confusion_based("confusion_matrix", [](const torch::Tensor& m) {
+    Values v;
+    const auto c = m.size(0);
+    for (std::int64_t t = 0; t < c; ++t)
+      for (std::int64_t p = 0; p < c; ++p) v[fmt::format("{}/{}", t, p)] = m[t][p].item<double>();
+    return v;
+  }, /*scalar=*/false);
+}
+
+Metric mae() { return per_element("mae", absolute, same); }
+Metric mse() { return per_element("mse", squared, same); }
+Metric rmse() { return per_element("rmse", squared, root); }
+
+Metric r2() {
+  return {"r2", MetricTargets::values,
+          [](const torch::Tensor& out, const torch::Tensor& y) {
+            const auto e = errors(out, y);
+            const auto t = y.to(torch::kDouble).reshape({y.size(0), -1});
+            return torch::cat({e.square(), t, t.square()}, 1);
+          },
+          [](const torch::Tensor& sums, std::int64_t n) {
+            const auto k = sums.size(0) / 3;
+            double total = 0;
+            for (std::int64_t j = 0; j < k; ++j) {
+              const double res = sums[j].item<double>(), sum = sums[k + j].item<double>(), sq = sums[2 * k + j].item<double>();
+              const double tot = sq - sum * sum / static_cast<double>(n);
+              total += tot > 0 ? 1 - res / tot : (res == 0 ? 1.0 : 0.0);
+            }
+            return Values{{"", k == 0 ? 0.0 : total / static_cast<double>(k)}};
+          }};
+}
+
+std::vector<Metric> defaults(MetricTargets targets) {
+  if (targets == MetricTargets::classes) return {accuracy(), top_k_accuracy(5)};
+  return {};
+}
+
+std::vector<std::string> builtin_names() {
+  return {"accuracy", "top5_accuracy", "precision", "recall", "f1", "balanced_accuracy", "confusion_matrix",
+          "mae", "mse", "rmse", "r2"};
+}
+
+Expected<Metric> builtin(const std::string& name) {
+  static const std::map<std::string, Metric (*)()> named = {
+      {"accuracy", accuracy}, {"precision", precision}, {"recall", recall}, {"f1", f1},
+      {"balanced_accuracy", balanced_accuracy}, {"confusion_matrix", confusion_matrix},
+      {"mae", mae}, {"mse", mse}, {"rmse", rmse}, {"r2", r2}};
+  if (auto it = named.find(name); it != named.end()) return it->second();
+  // top<k>_accuracy
+  constexpr std::string_view head = "top", tail = "_accuracy";
+  if (name.size() > head.size() + tail.size() && name.starts_with(head) && name.ends_with(tail)) {
+    const auto digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+    if (digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos && digits[0] != '0')
+      return top_k_accuracy(std::stoll(digits));
+  }
+  return fail(ErrorCode::invalid_argument, fmt::format("unknown metric \"{}\"", name));
+}
+
+}  // namespace baton::metric
