@@ -15,6 +15,9 @@ PACKAGES=(g++ cmake ninja-build ccache git
 PACKAGES+=(chromium)
 # Gloo's headers, for c10d's ProcessGroupGloo (data-parallel training, src/distributed.cpp).
 PACKAGES+=(libgloo-dev)
+# PyTorch for Python (Debian's /usr/bin/python3): tests/interop_test.cpp loads baton's exported
+# weights in Python and baton loads what Python saved.
+PACKAGES+=(python3-torch)
 
 ensure_packages() {
   local missing=()

@@ -56,6 +56,8 @@ struct DatasetEntry {
 struct Registry {
   std::map<std::string, ModelEntry> models;
   std::map<std::string, DatasetEntry> datasets;
+  /// Metrics `[eval] metrics = [...]` may name besides the built-in ones (`metric::builtin`).
+  std::map<std::string, Metric> metrics;
 
   /// Models `mlp` (widths) and `small_cnn` (channels1, channels2, hidden, classes, in_channels,
   /// image_size); datasets `fashion-mnist` (split, dir), `idx` (images, labels), `csv` (path,
@@ -147,8 +149,10 @@ class Curriculum {
   /// });
   /// ```
   [[nodiscard]] RunOptions run_options() const;
-  /// A fresh state: `init_state(model(), {run().seed, run().max_duration})`.
-  [[nodiscard]] Expected<TrainState> init() const;
+  /// A fresh state: `init_state(model(), {run().seed, run().max_duration})`, with the weights of
+  /// `[model] init_from` when the file names a state_dict (`load_weights`, docs/interop.md); what
+  /// that took goes to `report` when given.
+  [[nodiscard]] Expected<TrainState> init(TransferReport* report = nullptr) const;
   /// Builds every stage and plan, reporting every problem of every stage at once (and stages
   /// whose duration exceeds the run's max duration).
   [[nodiscard]] Expected<void> validate() const;

@@ -1,4 +1,5 @@
-// The baton command line: run, validate, eval, inspect.
+// The baton command line: run, sweep, validate, report; the commands on a saved state are in
+// state_commands.cpp.
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "baton/run.hpp"
 #include "baton/summary.hpp"
 #include "baton/sweep.hpp"
+#include "commands.hpp"
 #include "launch.hpp"
 
 namespace baton::cli {
@@ -34,20 +36,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-
-int exit_code_for(const Error& e) {
-  switch (e.code) {
-    case ErrorCode::non_finite:
-    case ErrorCode::torch:
-    case ErrorCode::runtime: return exit_training_failed;
-    default: return exit_invalid_input;
-  }
-}
-
-int report(const Error& e) {
-  fmt::print(stderr, "baton: {}\n", e.to_string());
-  return exit_code_for(e);
-}
 
 // ---------------------------------------------------------------- run
 struct RunArgs {
@@ -157,8 +145,10 @@ int run(const RunArgs& a, const Registry& registry) {
   auto runtime = configure_runtime({.threads = run_threads(cur->run().threads, group->get())});
   if (!runtime) return report(runtime.error());
   fmt::print("{}\n", runtime->to_string());
-  auto initial = cur->init();
+  TransferReport taken;
+  auto initial = cur->init(&taken);
   if (!initial) return report(initial.error());
+  if (!taken.copied.empty() || !taken.skipped.empty()) fmt::print("model.init_from: {}\n", taken.to_string());
   fmt::print("run \"{}\": {} stages, max duration {}, run directory {}\n", cur->run().name, cur->stages().size(),
              cur->run().max_duration.to_string(), options.dir.string());
   print_summary(*initial, *specs);
@@ -254,48 +244,6 @@ int validate(const std::string& file, const std::vector<std::string>& sets, cons
   return exit_ok;
 }
 
-int evaluate(const std::string& state_path, const std::string& data, std::string config, const Registry& registry) {
-  if (config.empty()) {
-    // A run directory holds config.toml beside final.baton, one level above its checkpoints/.
-    const fs::path dir = fs::path(state_path).parent_path();
-    std::error_code ec;
-    config = (dir.filename() == "checkpoints" && !fs::exists(dir / "config.toml", ec) ? dir.parent_path() : dir) / "config.toml";
-  }
-  auto cur = load_curriculum(config, {}, registry);
-  if (!cur) return report(cur.error().with_context("--config (the run's config.toml)"));
-  auto factory = cur->model();
-  if (!factory) return report(factory.error());
-  auto state = load_checkpoint(state_path, *factory);
-  if (!state) return report(state.error());
-  auto ds = cur->dataset(data);
-  if (!ds) return report(ds.error());
-  auto m = baton::eval({.sets = {{data, *ds}}}, *state);
-  if (!m) return report(m.error());
-  json j = {{"state", state_path}, {"data", data}};
-  for (const auto& [k, v] : m->at(data)) j["metrics"][k] = v;
-  fmt::print("{}\n", j.dump(2));
-  return exit_ok;
-}
-
-int inspect(const std::string& path) {
-  auto info = read_checkpoint_info(path);
-  if (!info) return report(info.error());
-  json j = {{"path", path},
-            {"format_version", info->format_version},
-            {"run", info->meta.run_name},
-            {"stage", info->stage},
-            {"stage_index", info->meta.stage_index},
-            {"timestamp",
-             {{"epoch", info->time.epoch}, {"batch", info->time.batch}, {"sample", info->time.sample},
-              {"batch_in_epoch", info->time.batch_in_epoch}, {"sample_in_epoch", info->time.sample_in_epoch}}},
-            {"seed", info->seed},
-            {"max_duration", info->max_duration.to_string()},
-            {"config_fingerprint", info->meta.config_fingerprint},
-            {"params_sha256", info->params_sha256}};
-  fmt::print("{}\n", j.dump(2));
-  return exit_ok;
-}
-/// `baton run f.toml --nproc N`: the same command, N times, under the launcher.
 int run_ranks(const RunArgs& a) {
   LaunchOptions lo{.nproc = a.nproc, .command = {self_executable(), "run", a.file}};
   for (const auto& s : a.sets) lo.command.insert(lo.command.end(), {"--set", s});
@@ -383,10 +331,21 @@ int main(int argc, char** argv, const Registry& registry) {
   validate_cmd->add_option("--set", validate_sets, "Override a value: path=value");
 
   std::string eval_state, eval_data, eval_config;
+  std::vector<std::string> eval_metrics;
   auto* eval_cmd = app.add_subcommand("eval", "Metrics of a saved state on a dataset of its config");
   eval_cmd->add_option("--state", eval_state, "Checkpoint file (.baton)")->required()->check(CLI::ExistingFile);
   eval_cmd->add_option("--data", eval_data, "Dataset name from the config's [datasets]")->required();
   eval_cmd->add_option("--config", eval_config, "Curriculum file (default: config.toml beside the state)");
+  eval_cmd->add_option("--metric", eval_metrics, "A metric to compute besides the loss, repeatable: accuracy, f1, "
+                       "confusion_matrix, ... (docs/metrics.md); default: accuracy and top5_accuracy")->delimiter(',');
+
+  std::string export_state, export_out, export_weights_of, export_config;
+  auto* export_cmd = app.add_subcommand("export", "A saved state's weights as a state_dict file for Python "
+                                                  "(model.load_state_dict(torch.load(FILE)); docs/interop.md)");
+  export_cmd->add_option("state", export_state, "Checkpoint file (.baton)")->required()->check(CLI::ExistingFile);
+  export_cmd->add_option("-o,--output", export_out, "File to write, e.g. model.pt")->required();
+  export_cmd->add_option("--weights", export_weights_of, "The weights an algorithm keeps instead of the model's own: ema or swa");
+  export_cmd->add_option("--config", export_config, "Curriculum file (default: config.toml beside the state)");
 
   std::string inspect_path;
   auto* inspect_cmd = app.add_subcommand("inspect", "Print a checkpoint's header as JSON (timestamp, stage, params_sha256)");
@@ -416,8 +375,9 @@ int main(int argc, char** argv, const Registry& registry) {
     if (*sweep_cmd) return sweep(sweep_args, registry);
     if (*node_cmd) return sweep_node(node_args, registry);
     if (*validate_cmd) return validate(validate_file, validate_sets, registry);
-    if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, registry);
+    if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, eval_metrics, registry);
     if (*inspect_cmd) return inspect(inspect_path);
+    if (*export_cmd) return export_weights(export_state, export_out, export_weights_of, export_config, registry);
     if (*report_cmd) return write_report(report_dirs, report_out);
   } catch (const std::exception& e) {  // I/O of logs and the like: say it and fail cleanly
     fmt::print(stderr, "baton: {}\n", e.what());

@@ -62,7 +62,7 @@ Expected<ModelFactory> Curriculum::model() const {
   if (!t) return fail(ErrorCode::invalid_spec, fmt::format("{}: no [model] table and no model bound with with_model()", impl_->doc->source));
   const auto name = (*t)["name"].value<std::string>().value_or("");
   Problems p{impl_->doc->source, {}};
-  const Params params = detail::to_params(*t, {"name"}, "model", p);
+  const Params params = detail::to_params(*t, {"name", "init_from"}, "model", p);
   if (!p.empty()) return tl::unexpected(p.error());
   const auto it = impl_->doc->registry.models.find(name);
   if (it == impl_->doc->registry.models.end())
@@ -93,10 +93,19 @@ RunOptions Curriculum::run_options() const {
                     .tensorboard = r.tensorboard};
 }
 
-Expected<TrainState> Curriculum::init() const {
-  return model().and_then([&](const ModelFactory& f) {
+Expected<TrainState> Curriculum::init(TransferReport* report) const {
+  auto state = model().and_then([&](const ModelFactory& f) {
     return init_state(f, {.seed = run().seed, .max_duration = run().max_duration});
   });
+  Problems p{impl_->doc->source, {}};
+  const auto from = detail::read_init_from(*impl_->doc, p);
+  if (!p.empty()) return tl::unexpected(p.error());
+  if (!state || !from) return state;
+  const std::string where = fmt::format("{}: model.init_from", impl_->doc->source);
+  auto loaded = read_state_dict(from->path).and_then([&](const StateDict& sd) { return load_weights(std::move(*state), sd, from->options); });
+  if (!loaded) return tl::unexpected(loaded.error().with_context(where));
+  if (report) *report = loaded->second;
+  return std::move(loaded->first);
 }
 
 namespace {
@@ -168,6 +177,9 @@ Expected<void> Curriculum::validate() const {
   Problems all{impl_->doc->source, {}};
   auto factory = model();
   if (!factory) detail::add_unique(all.list, detail::problem_lines(factory.error()));
+  // The weights [model] init_from names: the file read and fitted to the model now, not at the start of training.
+  if (const auto* m = impl_->doc->root["model"].as_table(); factory && m && m->get("init_from"))
+    if (auto s = init(); !s) detail::add_unique(all.list, detail::problem_lines(s.error()));
   check_stages(*this, all);
   if (all.empty()) return {};
   return tl::unexpected(all.error());
@@ -232,6 +244,7 @@ void check_model(const toml::table& root, const Registry& registry, Problems& p)
   } else {
     auto keys = it->second.keys;
     keys.insert(keys.begin(), "name");
+    keys.push_back("init_from");  // every model: weights from a state_dict file (init_from.cpp)
     detail::check_keys(*model, keys, "model", p);
   }
 }

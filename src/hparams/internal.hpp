@@ -25,6 +25,7 @@
 #include <toml++/toml.h>
 
 #include "baton/hparams.hpp"
+#include "baton/interop.hpp"
 
 namespace baton {
 struct SweepOptions;
@@ -181,3 +182,20 @@ struct SpecBuilder::Impl {
 };
 
 }  // namespace baton
+
+namespace baton::detail {
+/// [model] init_from (init_from.cpp): the file (relative to the curriculum's directory) and how
+/// its names become the model's; none when the key is absent.
+struct InitFrom {
+  std::filesystem::path path;
+  ImportOptions options;
+  const toml::node* at = nullptr;
+};
+std::optional<InitFrom> read_init_from(const Document& doc, Problems& p);
+
+/// A stage's evaluation (evaluation.cpp): its eval table as a plan (the loss is the caller's to
+/// set), and the keys that watch one of its metrics, each checked against what it gives.
+EvalPlan parse_eval(const SpecBuilder::Impl& b, Problems& p);
+void check_watched_metrics(const SpecBuilder::Impl& b, const TrainingSpec& spec, Problems& p);
+void read_keep_best(const SpecBuilder::Impl& b, Reader& r, TrainingSpec& spec);
+}  // namespace baton::detail

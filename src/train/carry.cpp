@@ -72,8 +72,15 @@ void transfer_tensors(const torch::OrderedDict<std::string, torch::Tensor>& from
     if (to.find(item.key()) == nullptr) report.skipped.push_back(fmt::format("{} (not in the new model)", item.key()));
 }
 
-
 }  // namespace
+
+TransferReport transfer_weights(const torch::nn::Module& from, torch::nn::Module& to, const std::vector<std::string>& fresh,
+                                std::vector<std::string>* copied_params) {
+  TransferReport r;
+  transfer_tensors(from.named_parameters(), to.named_parameters(), fresh, r, copied_params);
+  transfer_tensors(from.named_buffers(), to.named_buffers(), fresh, r, nullptr);
+  return r;
+}
 
 StagePosition stage_position(const TrainingSpec& spec, const TrainState& s) {
   if (s.stage == spec.name) return {false, s.time, s.stage_start};
@@ -106,10 +113,8 @@ std::optional<TransferReport> begin_stage(const TrainingSpec& spec, TrainState& 
       const ModelFactory& factory = spec.model.factory ? spec.model.factory : s.factory;
       Model fresh = build_model(factory, s.seed, spec.name);
       const torch::nn::Module& source = spec.model.source ? *spec.model.source->model.module : *s.model.module;
-      TransferReport r;
       std::vector<std::string> copied_params;
-      transfer_tensors(source.named_parameters(), fresh.module->named_parameters(), spec.model.fresh, r, &copied_params);
-      transfer_tensors(source.named_buffers(), fresh.module->named_buffers(), spec.model.fresh, r, nullptr);
+      TransferReport r = transfer_weights(source, *fresh.module, spec.model.fresh, &copied_params);
       fresh.module->train(true);
       // Moments continue (with Carry::keep) only for weights copied from the incoming state.
       OptimizerState kept;

@@ -27,6 +27,12 @@ StagePosition stage_position(const TrainingSpec& spec, const TrainState& s);
 /// caller's global generator intact; raises if the factory returns no module or no forward.
 Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_view stage);
 
+/// Copies every parameter and buffer of `from` whose name and shape match one of `to` (unless
+/// its name matches a `fresh` pattern), and says what was copied, skipped and left as
+/// initialized; `copied_params` gets the names of the parameters copied.
+TransferReport transfer_weights(const torch::nn::Module& from, torch::nn::Module& to, const std::vector<std::string>& fresh,
+                                std::vector<std::string>* copied_params = nullptr);
+
 /// Applies the stage-start carry-over policies when `spec` begins a new stage (a no-op when it
 /// continues one). Returns the transfer report when the weights were transferred.
 std::optional<TransferReport> begin_stage(const TrainingSpec& spec, TrainState& s);

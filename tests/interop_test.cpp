@@ -1,0 +1,301 @@
+// Weights to and from PyTorch (interop.hpp), checked against Debian's PyTorch for Python
+// (/usr/bin/python3 with python3-torch, which scripts/common.sh installs): Python loads what baton
+// exports and gets baton's accuracy; baton loads what Python's torch.save wrote and gives Python's
+// outputs; names are remapped; damaged and unfitting files are errors that say what.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <baton/interop.hpp>
+
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+struct Output {
+  int rc;
+  std::string out;
+};
+
+Output shell(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// Runs a Python script with Debian's PyTorch; fails (never skips) when it is not there.
+Output python(const fs::path& dir, const std::string& script, const std::string& args = "") {
+  const auto probe = shell("/usr/bin/python3 -c 'import torch'");
+  if (probe.rc != 0)
+    FAIL("this test needs PyTorch for /usr/bin/python3 (Debian package python3-torch; scripts/common.sh installs it): "
+         << probe.out);
+  std::ofstream(dir / "script.py") << script;
+  return shell(fmt::format("cd {} && /usr/bin/python3 script.py {}", dir.string(), args));
+}
+
+fs::path temp_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / fmt::format("baton-interop-{}-{}", name, ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+template <class T>
+T ok(baton::Expected<T> r) {
+  if (!r) FAIL(r.error().to_string());
+  return std::move(*r);
+}
+
+baton::ModelFactory cnn() { return baton::models::small_cnn({.channels1 = 4, .channels2 = 8, .hidden = 16, .classes = 3, .image_size = 8}); }
+
+// The same network in Python: nn.Sequential gives the same names ("0.weight", "1.running_mean", ...).
+const char* kPythonCnn = R"(
+import sys, torch, torch.nn as nn
+def cnn():
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(4, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(8 * 2 * 2, 16), nn.ReLU(), nn.Linear(16, 3))
+)";
+}  // namespace
+
+TEST_CASE("exported weights load into the same torch.nn model in Python and give baton's accuracy", "[interop]") {
+  const auto dir = temp_dir("export");
+  const auto data = test::images(400, 3);
+  auto spec = test::spec(data, baton::Time::epochs(2));
+  spec.data.batch_size = 20;
+  auto state = test::ok(baton::fit(spec, ok(baton::init_state(cnn(), {.seed = 5, .max_duration = baton::Time::epochs(2)}))));
+  const auto test_set = test::images(300, 77, "test");
+  const auto m = ok(baton::eval({.sets = {{"test", test_set}}}, state));
+
+  const auto tensors = ok(baton::state_dict(state));
+  CHECK(tensors.front().first == "0.weight");
+  REQUIRE(baton::save_state_dict(tensors, dir / "weights.pt"));
+  REQUIRE(baton::save_state_dict({{"inputs", test_set.inputs}, {"targets", test_set.targets}}, dir / "data.pt"));
+  const auto r = python(dir, std::string(kPythonCnn) + R"(
+net = cnn()
+net.load_state_dict(torch.load("weights.pt"))  # strict: every name and shape
+net.eval()
+data = torch.load("data.pt")
+with torch.no_grad():
+    out = net(data["inputs"])
+print(repr((out.argmax(1) == data["targets"]).double().mean().item()))
+print(net[1].num_batches_tracked.item())
+)");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  double accuracy = 0;
+  std::int64_t batches = 0;
+  std::istringstream(r.out) >> accuracy >> batches;
+  CHECK(accuracy == Approx(m.at("test").at("accuracy")).margin(1e-6));
+  CHECK(accuracy > 0.5);
+  CHECK(batches == 40);  // BatchNorm's buffers came along: 2 epochs of 20 batches
+  // Reading our own file back gives the same tensors.
+  const auto back = ok(baton::read_state_dict(dir / "weights.pt"));
+  REQUIRE(back.size() == tensors.size());
+  for (std::size_t i = 0; i < back.size(); ++i) {
+    CHECK(back[i].first == tensors[i].first);
+    CHECK(back[i].second.equal(tensors[i].second));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a state_dict saved by torch.save in Python loads into baton and gives Python's outputs", "[interop]") {
+  const auto dir = temp_dir("import");
+  const auto r = python(dir, std::string(kPythonCnn) + R"(
+torch.manual_seed(0)
+net = cnn()
+net.train()
+for _ in range(3):  # running statistics that are not the initial ones
+    net(torch.rand(16, 1, 8, 8))
+net.eval()
+x = torch.rand(10, 1, 8, 8)
+with torch.no_grad():
+    y = net(x)
+torch.save(net.state_dict(), "py.pt")  # an OrderedDict, as everyone saves
+torch.save({"inputs": x, "outputs": y}, "io.pt")
+prefixed = type(net.state_dict())(("module." + k, v) for k, v in net.state_dict().items())
+torch.save(prefixed, "prefixed.pt")
+torch.save({"weight": torch.zeros(2, 2), "epoch": 3}, "not_weights.pt")
+print("ok")
+)");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const auto io = ok(baton::read_state_dict(dir / "io.pt"));
+  REQUIRE(io.size() == 2);
+  const auto& x = io[0].second;
+  const auto& y = io[1].second;
+
+  auto check_outputs = [&](const baton::TrainState& s) {
+    s.model.module->eval();
+    torch::NoGradGuard g;
+    const auto out = s.model.forward(x);
+    s.model.module->train();
+    CHECK(out.sub(y).abs().max().item<double>() < 1e-6);
+  };
+  const auto fresh = ok(baton::init_state(cnn(), {.seed = 1, .max_duration = baton::Time::epochs(1)}));
+  {
+    const auto [loaded, report] = ok(baton::load_weights(fresh, ok(baton::read_state_dict(dir / "py.pt"))));
+    CHECK(report.copied.size() == 16);  // 2 conv, 2 x 5 batch norm tensors, 2 x 2 linear
+    CHECK(report.skipped.empty());
+    CHECK(report.initialized.empty());
+    check_outputs(loaded);
+  }
+  // The same through ModelCarry::transfer at a stage's start.
+  {
+    auto source = std::make_shared<baton::TrainState>(ok(baton::imported_state(ok(baton::read_state_dict(dir / "py.pt")), cnn())));
+    auto spec = test::spec(test::images(20), baton::Time::batches(0)).with_model(baton::ModelCarry::transfer(cnn(), source));
+    spec.name = "finetune";
+    spec.duration = baton::Time::batches(1);
+    auto run = ok(baton::init_state(cnn(), {.seed = 1, .max_duration = baton::Time::epochs(1)}));
+    auto after = test::ok(baton::fit(spec, run));
+    REQUIRE(after.history.back().transfer.has_value());
+    CHECK(after.history.back().transfer->copied.size() == 16);
+  }
+  // Names remapped by pattern.
+  {
+    const auto prefixed = ok(baton::read_state_dict(dir / "prefixed.pt"));
+    auto strict = baton::load_weights(fresh, prefixed);
+    REQUIRE_FALSE(strict);
+    CHECK_THAT(strict.error().message, Catch::Contains("not in the file: 0.weight") &&
+                                           Catch::Contains("module.0.weight (not in the new model)") &&
+                                           Catch::Contains("rename"));
+    const auto [loaded, report] = ok(baton::load_weights(fresh, prefixed, {.rename = {{"^module\\.", ""}}}));
+    CHECK(report.copied.size() == 16);
+    check_outputs(loaded);
+  }
+  // A new head: strict with the head listed as fresh, or a shape mismatch named with both shapes.
+  {
+    auto sd = ok(baton::read_state_dict(dir / "py.pt"));
+    for (auto& [name, t] : sd)
+      if (name == "11.weight") t = torch::zeros({5, 16});
+    auto mismatch = baton::load_weights(fresh, sd);
+    REQUIRE_FALSE(mismatch);
+    CHECK_THAT(mismatch.error().message, Catch::Contains("11.weight (shape [5, 16] in the source, [3, 16] here)"));
+    const auto [loaded, report] = ok(baton::load_weights(fresh, sd, {.fresh = {"11.*"}}));
+    CHECK(report.copied.size() == 14);
+    CHECK(report.initialized == std::vector<std::string>{"11.weight", "11.bias"});
+    const auto [lenient, r2] = ok(baton::load_weights(fresh, sd, {.strict = false}));
+    CHECK(r2.copied.size() == 15);
+  }
+  // Files that are not weights, damaged ones, and ones that are not there.
+  auto bad = baton::read_state_dict(dir / "not_weights.pt");
+  REQUIRE_FALSE(bad);
+  CHECK_THAT(bad.error().message, Catch::Contains("\"epoch\" is not a tensor by name"));
+  std::string bytes;
+  {
+    std::ifstream in(dir / "py.pt", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  for (const std::size_t keep : {std::size_t{0}, std::size_t{100}, bytes.size() / 2, bytes.size() - 30}) {
+    INFO("cut to " << keep << " bytes");
+    std::ofstream(dir / "cut.pt", std::ios::binary) << bytes.substr(0, keep);
+    auto cut = baton::read_state_dict(dir / "cut.pt");
+    REQUIRE_FALSE(cut);
+    CHECK_THAT(cut.error().to_string(), Catch::Contains("cut.pt"));
+  }
+  CHECK_THAT(baton::read_state_dict(dir / "absent.pt").error().message, Catch::Contains("absent.pt: no such file"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("baton export writes what Python loads, and [model] init_from starts a run from a .pt", "[interop][cli]") {
+  const auto dir = temp_dir("cli");
+  std::ofstream(dir / "c.toml") << R"(
+[run]
+name = "interop"
+seed = 3
+max_duration = "2ep"
+[model]
+name = "mlp"
+widths = [8, 16, 4]
+[datasets.train]
+kind = "synthetic"
+samples = 300
+[datasets.test]
+kind = "synthetic"
+samples = 200
+sample_seed = 9
+[[stages]]
+name = "only"
+duration = "2ep"
+batch_size = 25
+optimizer = { name = "adam", lr = 0.01 }
+algorithms = { ema = { decay = 0.9 } }
+)";
+  const std::string exe = BATON_EXE;
+  auto r = shell(fmt::format("{} run {} --run-dir {}", exe, (dir / "c.toml").string(), (dir / "run").string()));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  r = shell(fmt::format("{} export {} -o {}", exe, (dir / "run/final.baton").string(), (dir / "w.pt").string()));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("4 tensors") && Catch::Contains("load_state_dict"));
+  r = shell(fmt::format("{} export {} -o {} --weights ema", exe, (dir / "run/final.baton").string(), (dir / "ema.pt").string()));
+  REQUIRE(r.rc == 0);
+  r = shell(fmt::format("{} eval --state {} --data test", exe, (dir / "run/final.baton").string()));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const double baton_accuracy = nlohmann::json::parse(r.out.substr(r.out.find('{'))).at("metrics").at("accuracy");
+
+  auto cur = ok(baton::load_curriculum(dir / "c.toml"));
+  const auto test_set = ok(cur.dataset("test"));
+  REQUIRE(baton::save_state_dict({{"inputs", test_set.inputs}, {"targets", test_set.targets}}, dir / "data.pt"));
+  const auto py = python(dir, R"(
+import torch, torch.nn as nn
+data = torch.load("data.pt")
+for f in ["w.pt", "ema.pt"]:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    net.load_state_dict(torch.load(f))
+    with torch.no_grad():
+        print(repr((net(data["inputs"]).argmax(1) == data["targets"]).double().mean().item()))
+    torch.save(net.state_dict(), "back-" + f)
+)");
+  INFO(py.out);
+  REQUIRE(py.rc == 0);
+  double python_accuracy = 0, ema_accuracy = 0;
+  std::istringstream(py.out) >> python_accuracy >> ema_accuracy;
+  CHECK(python_accuracy == Approx(baton_accuracy).margin(1e-6));
+  CHECK(ema_accuracy > 0.3);
+
+  // The weights Python saved back start a new run: [model] init_from, checked by validate.
+  std::string text;
+  {
+    std::ifstream in(dir / "c.toml");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto with_init = [&](const std::string& value) {
+    std::string t = text;
+    t.replace(t.find("widths = [8, 16, 4]"), 19, "widths = [8, 16, 4]\ninit_from = " + value);
+    return t;
+  };
+  auto from = ok(baton::parse_curriculum(with_init("\"" + (dir / "back-w.pt").string() + "\""), "i.toml"));
+  REQUIRE(from.validate());
+  baton::TransferReport report;
+  const auto init = ok(from.init(&report));
+  CHECK(report.copied.size() == 4);
+  const auto trained = ok(baton::load_checkpoint(dir / "run/final.baton", ok(cur.model())));
+  const auto a = ok(baton::state_dict(init)), b = ok(baton::state_dict(trained));
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.equal(b[i].second));
+  // Validation reads the file: a missing one, and one that does not fit, are found before training.
+  auto missing = ok(baton::parse_curriculum(with_init("\"nowhere.pt\""), "i.toml")).validate();
+  REQUIRE_FALSE(missing);
+  CHECK_THAT(missing.error().to_string(), Catch::Contains("model.init_from") && Catch::Contains("nowhere.pt: no such file"));
+  auto other = with_init("{ path = \"" + (dir / "back-w.pt").string() + "\", rename = [[\"^1\\\\.\", \"9.\"]] }");
+  auto unfit = ok(baton::parse_curriculum(other, "i.toml")).validate();
+  REQUIRE_FALSE(unfit);
+  CHECK_THAT(unfit.error().to_string(), Catch::Contains("not in the file: 1.weight"));
+  auto unknown = ok(baton::parse_curriculum(with_init("{ path = \"x.pt\", strikt = false }"), "i.toml")).validate();
+  REQUIRE_FALSE(unknown);
+  CHECK_THAT(unknown.error().to_string(), Catch::Contains("strikt"));
+  fs::remove_all(dir);
+}
