@@ -250,6 +250,7 @@ class Reader {
     if (!s || !offset || *offset < 0) fail_at("_rebuild_tensor_v2 without a storage and offset");
     const auto size = ints(a.items[2], "size"), stride = ints(a.items[3], "stride");
     if (size.size() != stride.size()) fail_at("a tensor's size and stride differ in length");
+    if (size.size() > 64) fail_at(fmt::format("a tensor of {} dimensions", size.size()));
     std::int64_t last = *offset;
     bool empty = false;
     for (std::size_t i = 0; i < size.size(); ++i) {
