@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include "baton/data.hpp"
+#include "data_internal.hpp"
 #include "detail.hpp"
 #include "io.hpp"
 
@@ -166,10 +167,15 @@ Expected<Dataset> idx_images(const std::filesystem::path& images, const std::fil
     if (x->size(0) != y->size(0))
       return fail(ErrorCode::data, fmt::format("{} has {} images but {} has {} labels", images.string(),
                                                x->size(0), labels.string(), y->size(0)));
-    auto inputs = x->unsqueeze(1).to(torch::kFloat32).div_(255.0);
-    if (options.normalize) inputs.sub_(options.mean).div_(options.std);
+    auto inputs = detail::scale_pixels(x->unsqueeze(1), options.normalize, options.mean, options.std);
     return make_dataset(std::move(inputs), y->to(torch::kLong), std::move(name));
   });
+}
+
+const std::vector<std::string>& fashion_mnist_classes() {
+  static const std::vector<std::string> names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                                  "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+  return names;
 }
 
 Expected<Dataset> fashion_mnist(Split split, const std::filesystem::path& dir, const ImageOptions& options) {
@@ -243,4 +249,11 @@ Expected<HeldOut> hold_out(const Dataset& dataset, const HoldOutOptions& options
 }
 
 }  // namespace data
+
+torch::Tensor detail::scale_pixels(const torch::Tensor& pixels, bool normalize, double mean, double std) {
+  auto inputs = pixels.to(torch::kFloat32).div_(255.0);
+  if (normalize) inputs.sub_(mean).div_(std);
+  return inputs;
+}
+
 }  // namespace baton

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "baton/data.hpp"
+#include "data_internal.hpp"
 #include "detail.hpp"
 #include "io.hpp"
 
@@ -126,3 +127,55 @@ Expected<Dataset> synthetic(const SyntheticOptions& options) {
 }
 
 }  // namespace baton::data
+
+namespace baton::detail {
+
+Expected<std::vector<std::string>> csv_header(const std::filesystem::path& path) {
+  if (auto ok = check_regular_file(path.string(), "CSV file"); !ok) return tl::unexpected(ok.error());
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return fail(ErrorCode::data, fmt::format("{}: empty or unreadable file", path.string()));
+  return data::split_cells(line);
+}
+
+Expected<torch::Tensor> csv_columns(const std::filesystem::path& path, const std::vector<std::string>& columns) {
+  return guard([&]() -> Expected<torch::Tensor> {
+    const std::string file = path.string();
+    auto header = csv_header(path);
+    if (!header) return tl::unexpected(header.error());
+    std::vector<std::size_t> take;  // header positions, in the order asked
+    for (const auto& name : columns) {
+      const auto it = std::find(header->begin(), header->end(), name);
+      if (it == header->end())
+        return fail(ErrorCode::data, fmt::format("{}: no column \"{}\" (the model takes {}); the header has {}", file, name,
+                                                 fmt::join(columns, ", "), fmt::join(*header, ", ")));
+      take.push_back(static_cast<std::size_t>(it - header->begin()));
+    }
+    if (columns.empty())
+      for (std::size_t c = 0; c < header->size(); ++c) take.push_back(c);
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);
+    std::vector<float> xs;
+    std::int64_t rows = 0;
+    for (std::size_t lineno = 2; std::getline(in, line); ++lineno) {
+      if (line.empty() || line == "\r") continue;
+      const auto cells = data::split_cells(line);
+      if (cells.size() != header->size())
+        return fail(ErrorCode::data, fmt::format("{}:{}: {} cells, the header has {}", file, lineno, cells.size(), header->size()));
+      for (const auto c : take) {
+        char* end = nullptr;
+        const double v = std::strtod(cells[c].c_str(), &end);
+        if (end == cells[c].c_str() || *end != '\0' || !std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max())
+          return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": \"{}\" is not a finite 32-bit float", file, lineno,
+                                                   (*header)[c], cells[c]));
+        xs.push_back(static_cast<float>(v));
+      }
+      ++rows;
+    }
+    if (rows == 0) return fail(ErrorCode::data, fmt::format("{}: no data rows", file));
+    return torch::from_blob(xs.data(), {rows, static_cast<std::int64_t>(take.size())}, torch::kFloat32).clone();
+  });
+}
+
+}  // namespace baton::detail

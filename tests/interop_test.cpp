@@ -2,9 +2,6 @@
 // (/usr/bin/python3 with python3-torch, which scripts/common.sh installs): Python loads what baton
 // exports and gets baton's accuracy; baton loads what Python's torch.save wrote and gives Python's
 // outputs; names are remapped; damaged and unfitting files are errors that say what.
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -15,41 +12,17 @@
 #include <baton/interop.hpp>
 
 #include "helpers.hpp"
+#include "process.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-struct Output {
-  int rc;
-  std::string out;
-};
+using test::Output;
+using test::shell;
 
-Output shell(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::python;
 
-/// Runs a Python script with Debian's PyTorch; fails (never skips) when it is not there.
-Output python(const fs::path& dir, const std::string& script, const std::string& args = "") {
-  const auto probe = shell("/usr/bin/python3 -c 'import torch'");
-  if (probe.rc != 0)
-    FAIL("this test needs PyTorch for /usr/bin/python3 (Debian package python3-torch; scripts/common.sh installs it): "
-         << probe.out);
-  std::ofstream(dir / "script.py") << script;
-  return shell(fmt::format("cd {} && /usr/bin/python3 script.py {}", dir.string(), args));
-}
-
-fs::path temp_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / fmt::format("baton-interop-{}-{}", name, ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir(const std::string& name) { return test::temp_dir("interop-" + name); }
 
 template <class T>
 T ok(baton::Expected<T> r) {
@@ -297,5 +270,47 @@ for f in ["w.pt", "ema.pt"]:
   auto unknown = ok(baton::parse_curriculum(with_init("{ path = \"x.pt\", strikt = false }"), "i.toml")).validate();
   REQUIRE_FALSE(unknown);
   CHECK_THAT(unknown.error().to_string(), Catch::Contains("strikt"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("save_for_inference checks its card, and a model of your own loads with its factory", "[interop][inference]") {
+  const auto dir = temp_dir("artifact");
+  const auto data = test::images(200, 3);
+  auto spec = test::spec(data, baton::Time::epochs(1));
+  spec.data.batch_size = 20;
+  const auto state = test::ok(baton::fit(spec, ok(baton::init_state(cnn(), {.seed = 2, .max_duration = baton::Time::epochs(1)}))));
+  // Inputs already prepared (floats): a features card of the sample shape.
+  const baton::ModelCard card{.input = baton::InputKind::features, .input_shape = {1, 8, 8}, .classes = {"x", "y", "z"}};
+  REQUIRE(baton::save_for_inference(state, card, dir / "m.pt"));
+
+  // The card names no model: load_for_inference needs the factory, and then answers as eval does.
+  const auto unnamed = baton::load_for_inference(dir / "m.pt");
+  REQUIRE_FALSE(unnamed);
+  CHECK_THAT(unnamed.error().to_string(), Catch::Contains("pass its factory"));
+  const auto predictor = ok(baton::load_for_inference(dir / "m.pt", cnn()));
+  const auto logits = ok(predictor.logits(data.inputs));
+  const auto out = ok(predictor.predict(data.inputs));
+  const auto m = ok(baton::eval({.sets = {{"d", data}}, .metrics = {baton::metric::accuracy()}}, state));
+  CHECK(out.classes.eq(data.targets).to(torch::kDouble).mean().item<double>() == *baton::metric_value(m, "d/accuracy"));
+  CHECK(out.classes.equal(logits.argmax(1)));
+
+  // A card that does not fit the model: nothing is written.
+  auto bad = card;
+  bad.classes = {"x", "y"};
+  auto r = baton::save_for_inference(state, bad, dir / "bad.pt");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().to_string(), Catch::Contains("2 class names for a model of 3 outputs"));
+  bad = card;
+  bad.input_shape = {3, 5};
+  r = baton::save_for_inference(state, bad, dir / "bad.pt");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().to_string(), Catch::Contains("input_shape [3, 5] does not fit the model"));
+  bad = card;
+  bad.input = baton::InputKind::image;
+  bad.std = 0;
+  r = baton::save_for_inference(state, bad, dir / "bad.pt");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().to_string(), Catch::Contains("cannot normalize"));
+  CHECK_FALSE(fs::exists(dir / "bad.pt"));
   fs::remove_all(dir);
 }

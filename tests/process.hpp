@@ -1,14 +1,18 @@
 #pragma once
-// Child processes for tests that signal or kill a run at a chosen moment.
+// Processes in tests: commands run to completion (shell, python), children that are signalled or
+// killed at a chosen moment, and scratch directories. No LibTorch, no baton headers.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 namespace test {
 
@@ -57,6 +61,41 @@ inline int finish(Child& c, std::string& log) {
   int status = 0;
   ::waitpid(c.pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+struct Output {
+  int rc;           ///< the exit status (-1: killed by a signal)
+  std::string out;  ///< standard output and standard error, interleaved
+};
+
+/// Runs `cmd` with /bin/sh, collecting its output and standard error.
+inline Output shell(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// A fresh directory of this process: `<tmp>/baton-<name>-<pid>`, emptied if it exists.
+inline std::filesystem::path temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("baton-{}-{}", name, ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+/// Runs a Python script (written to dir/script.py) with Debian's PyTorch; fails (never skips)
+/// when /usr/bin/python3 cannot import torch.
+inline Output python(const std::filesystem::path& dir, const std::string& script, const std::string& args = "") {
+  const auto probe = shell("/usr/bin/python3 -c 'import torch'");
+  if (probe.rc != 0)
+    FAIL("this test needs PyTorch for /usr/bin/python3 (Debian package python3-torch; scripts/common.sh installs it): "
+         << probe.out);
+  std::ofstream(dir / "script.py") << script;
+  return shell(fmt::format("cd {} && /usr/bin/python3 script.py {}", dir.string(), args));
 }
 
 }  // namespace test

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -65,6 +66,9 @@ Expected<Dataset> idx_images(const std::filesystem::path& images, const std::fil
 
 /// Where dataset-fashion-mnist installs its files.
 inline const std::filesystem::path fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+
+/// Fashion-MNIST's class names by label (0 "T-shirt/top" ... 9 "Ankle boot").
+const std::vector<std::string>& fashion_mnist_classes();
 
 /// Fashion-MNIST (60,000 train / 10,000 test 28x28 grey images, 10 classes) from `dir`.
 Expected<Dataset> fashion_mnist(Split split, const std::filesystem::path& dir = fashion_mnist_dir,

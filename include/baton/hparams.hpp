@@ -29,6 +29,7 @@
 #include "baton/data.hpp"
 #include "baton/error.hpp"
 #include "baton/eval.hpp"
+#include "baton/inference.hpp"
 #include "baton/model.hpp"
 #include "baton/params.hpp"
 #include "baton/run.hpp"
@@ -153,6 +154,12 @@ class Curriculum {
   /// `[model] init_from` when the file names a state_dict (`load_weights`, docs/interop.md); what
   /// that took goes to `report` when given.
   [[nodiscard]] Expected<TrainState> init(TransferReport* report = nullptr) const;
+  /// What a model trained by this file is and expects, for an inference artifact
+  /// (`save_for_inference`): the `[model]` name and keys, the input as the dataset `dataset`
+  /// gives it (its sample shape; images: the scaling, normalization; CSV: the feature columns)
+  /// and, for Fashion-MNIST, the class names. Loads the dataset. With a model bound by
+  /// `with_model`, `model` is "" (load it with your factory).
+  [[nodiscard]] Expected<ModelCard> model_card(const std::string& dataset) const;
   /// Builds every stage and plan, reporting every problem of every stage at once (and stages
   /// whose duration exceeds the run's max duration).
   [[nodiscard]] Expected<void> validate() const;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "baton/error.hpp"
+#include "baton/inference.hpp"
 #include "baton/model.hpp"
 #include "baton/state.hpp"
 
@@ -31,6 +32,13 @@ Expected<void> save_state_dict(const StateDict& tensors, const std::filesystem::
 /// OrderedDict or dict of tensors by name) or `save_state_dict` wrote. Only tensors by name are
 /// read; anything else in the pickle is an error, and no code in it runs.
 Expected<StateDict> read_state_dict(const std::filesystem::path& path);
+
+/// Writes an inference artifact for `load_for_inference` and `baton predict`: the weights
+/// `card.weights` names ("" the model's, "ema", "swa") as `save_state_dict` writes them (so
+/// Python's `torch.load` reads the file as a state_dict) and the card as JSON in the record
+/// `baton/card.json`. Checks the card against the model first: one sample of `input_shape` must
+/// go through it, and the class names (when given) must match its outputs. Replaced atomically.
+Expected<void> save_for_inference(const TrainState& state, const ModelCard& card, const std::filesystem::path& path);
 
 /// How a state dict's names become a model's.
 struct ImportOptions {

@@ -339,13 +339,31 @@ int main(int argc, char** argv, const Registry& registry) {
   eval_cmd->add_option("--metric", eval_metrics, "A metric to compute besides the loss, repeatable: accuracy, f1, "
                        "confusion_matrix, ... (docs/metrics.md); default: accuracy and top5_accuracy")->delimiter(',');
 
-  std::string export_state, export_out, export_weights_of, export_config;
+  ExportArgs export_args;
   auto* export_cmd = app.add_subcommand("export", "A saved state's weights as a state_dict file for Python "
-                                                  "(model.load_state_dict(torch.load(FILE)); docs/interop.md)");
-  export_cmd->add_option("state", export_state, "Checkpoint file (.baton)")->required()->check(CLI::ExistingFile);
-  export_cmd->add_option("-o,--output", export_out, "File to write, e.g. model.pt")->required();
-  export_cmd->add_option("--weights", export_weights_of, "The weights an algorithm keeps instead of the model's own: ema or swa");
-  export_cmd->add_option("--config", export_config, "Curriculum file (default: config.toml beside the state)");
+                                                  "(model.load_state_dict(torch.load(FILE)); docs/interop.md), or "
+                                                  "with --inference an artifact for baton predict");
+  export_cmd->add_option("state", export_args.state, "Checkpoint file (.baton)")->required()->check(CLI::ExistingFile);
+  export_cmd->add_option("-o,--output", export_args.out, "File to write, e.g. model.pt")->required();
+  export_cmd->add_option("--weights", export_args.weights, "The weights an algorithm keeps instead of the model's own: ema or swa");
+  export_cmd->add_option("--config", export_args.config, "Curriculum file (default: config.toml beside the state)");
+  export_cmd->add_flag("--inference", export_args.inference,
+                       "Write an inference artifact: the weights and a model card (model, input, class names)");
+  export_cmd->add_option("--data", export_args.data,
+                         "With --inference: the dataset whose inputs the model takes (default: the last stage's training data)");
+  export_cmd->add_option("--classes", export_args.classes, "With --inference: class names by index, comma-separated")
+      ->delimiter(',');
+
+  PredictArgs predict_args;
+  auto* predict_cmd = app.add_subcommand("predict", "Classify inputs with an inference artifact (baton export --inference): "
+                                                    "prints or writes CSV rows input,class,name,probability");
+  predict_cmd->add_option("artifact", predict_args.artifact, "Inference artifact")->required();
+  predict_cmd->add_option("input", predict_args.input,
+                          "An IDX file of images (.gz too), an image file (PNG, JPEG, BMP, PGM), a directory of images, "
+                          "or a CSV file with the model's feature columns")->required();
+  predict_cmd->add_option("-o,--output", predict_args.out, "CSV file to write (default: standard output)");
+  predict_cmd->add_option("--batch-size", predict_args.batch_size, "Inputs per forward pass (default 256)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
 
   std::string inspect_path;
   auto* inspect_cmd = app.add_subcommand("inspect", "Print a checkpoint's header as JSON (timestamp, stage, params_sha256)");
@@ -377,7 +395,8 @@ int main(int argc, char** argv, const Registry& registry) {
     if (*validate_cmd) return validate(validate_file, validate_sets, registry);
     if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, eval_metrics, registry);
     if (*inspect_cmd) return inspect(inspect_path);
-    if (*export_cmd) return export_weights(export_state, export_out, export_weights_of, export_config, registry);
+    if (*export_cmd) return export_weights(export_args, registry);
+    if (*predict_cmd) return predict(predict_args, registry);
     if (*report_cmd) return write_report(report_dirs, report_out);
   } catch (const std::exception& e) {  // I/O of logs and the like: say it and fail cleanly
     fmt::print(stderr, "baton: {}\n", e.what());

@@ -1,6 +1,7 @@
 #pragma once
 // What the command line's files share: how an error is reported, and the commands on a saved
 // state (state_commands.cpp).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,22 @@ int evaluate(const std::string& state_path, const std::string& data, std::string
              const std::vector<std::string>& metric_names, const Registry& registry);
 /// `baton inspect`: a checkpoint's header as JSON.
 int inspect(const std::string& path);
-/// `baton export`: a saved state's weights as a state_dict file for Python's torch.load.
-int export_weights(const std::string& state_path, const std::string& out, const std::string& weights, std::string config,
-                   const Registry& registry);
+/// What `baton export` is asked for.
+struct ExportArgs {
+  std::string state, out, weights, config;
+  bool inference = false;            ///< an inference artifact (weights + model card)
+  std::string data;                  ///< the dataset whose inputs the card describes ("" the last stage's)
+  std::vector<std::string> classes;  ///< class names instead of the dataset's
+};
+/// `baton export`: a saved state's weights as a state_dict file for Python's torch.load, or
+/// (--inference) an artifact for `baton predict` and load_for_inference.
+int export_weights(const ExportArgs& args, const Registry& registry);
+
+/// What `baton predict` is asked for.
+struct PredictArgs {
+  std::string artifact, input, out;
+  std::int64_t batch_size = 256;
+};
+/// `baton predict`: the class of every input (CSV: input, class, name, probability).
+int predict(const PredictArgs& args, const Registry& registry);
 }  // namespace baton::cli

@@ -2,12 +2,15 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "baton/checkpoint.hpp"
 #include "baton/eval.hpp"
+#include "baton/inference.hpp"
 #include "baton/interop.hpp"
 #include "commands.hpp"
+#include "io.hpp"
 
 namespace baton::cli {
 namespace {
@@ -86,21 +89,93 @@ int inspect(const std::string& path) {
   fmt::print("{}\n", j.dump(2));
   return exit_ok;
 }
-/// `baton run f.toml --nproc N`: the same command, N times, under the launcher.
-int export_weights(const std::string& state_path, const std::string& out, const std::string& weights, std::string config,
-                   const Registry& registry) {
-  auto cur = run_config(state_path, config, registry);
+namespace {
+/// The card of `--inference`: from the config's [model] and the dataset's inputs, with where the
+/// weights came from.
+Expected<ModelCard> card_for(const ExportArgs& a, const Curriculum& cur) {
+  std::string data = a.data;
+  if (data.empty()) {  // the dataset the last stage trains on
+    if (cur.stages().empty()) return fail(ErrorCode::invalid_spec, "the config has no stages; name the dataset with --data");
+    auto spec = cur.stages().back().build();
+    if (!spec) return tl::unexpected(spec.error());
+    data = spec->data.train.name;
+  }
+  auto card = cur.model_card(data);
+  if (!card) return tl::unexpected(card.error().with_context("--data " + data));
+  auto info = read_checkpoint_info(a.state);
+  if (!info) return tl::unexpected(info.error());
+  card->weights = a.weights;
+  if (!a.classes.empty()) card->classes = a.classes;
+  card->origin = fmt::format("{} (run \"{}\", stage \"{}\", {}; params_sha256 {})", a.state, info->meta.run_name, info->stage,
+                             info->time.to_string(), info->params_sha256);
+  return card;
+}
+
+std::string csv_cell(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char c : text) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+}  // namespace
+
+int export_weights(const ExportArgs& a, const Registry& registry) {
+  auto cur = run_config(a.state, a.config, registry);
   if (!cur) return report(cur.error());
-  auto state = saved_state(*cur, state_path);
+  auto state = saved_state(*cur, a.state);
   if (!state) return report(state.error());
-  auto tensors = state_dict(*state, weights);
+  if (a.inference) {
+    auto card = card_for(a, *cur);
+    if (!card) return report(card.error());
+    if (auto ok = save_for_inference(*state, *card, a.out); !ok) return report(ok.error());
+    fmt::print("{}: inference artifact: model \"{}\", {} [{}], {} class names{}; classify with: baton predict {} INPUT "
+               "(Python's torch.load reads it as the state_dict)\n",
+               a.out, card->model, card->input == InputKind::image ? "images" : "features", fmt::join(card->input_shape, ", "),
+               card->classes.size(), a.weights.empty() ? "" : ", the " + a.weights + " weights", a.out);
+    return exit_ok;
+  }
+  if (!a.data.empty() || !a.classes.empty())
+    return report(Error{ErrorCode::invalid_argument, "--data and --classes describe an inference artifact: add --inference", {}});
+  auto tensors = state_dict(*state, a.weights);
   if (!tensors) return report(tensors.error());
-  if (auto ok = save_state_dict(*tensors, out); !ok) return report(ok.error());
+  if (auto ok = save_state_dict(*tensors, a.out); !ok) return report(ok.error());
   std::int64_t elements = 0;
   for (const auto& [name, t] : *tensors) elements += t.numel();
   fmt::print("{}: {} tensors ({} values{}) by their names in the module tree; in Python: "
              "model.load_state_dict(torch.load(\"{}\"))\n",
-             out, tensors->size(), elements, weights.empty() ? "" : ", the " + weights + " weights", out);
+             a.out, tensors->size(), elements, a.weights.empty() ? "" : ", the " + a.weights + " weights", a.out);
+  return exit_ok;
+}
+
+int predict(const PredictArgs& a, const Registry& registry) {
+  auto card = read_model_card(a.artifact);
+  if (!card) return report(card.error());
+  // The card's model from this program's registry (a program with models of its own names them).
+  const auto entry = registry.models.find(card->model);
+  if (entry == registry.models.end())
+    return report(Error{ErrorCode::invalid_argument,
+                        fmt::format("{}: model \"{}\" is not in this program's registry", a.artifact, card->model), {}});
+  auto predictor = entry->second.make(card->options).and_then([&](const ModelFactory& f) { return load_for_inference(a.artifact, f); });
+  if (!predictor) return report(predictor.error());
+  auto inputs = read_inputs(a.input, *card);
+  if (!inputs) return report(inputs.error());
+  auto out = predictor->predict(inputs->inputs, a.batch_size);
+  if (!out) return report(out.error().with_context(a.input));
+  const auto classes = out->classes.accessor<std::int64_t, 1>();
+  const auto probs = out->probabilities.accessor<float, 2>();
+  std::string text = card->classes.empty() ? "input,class,probability\n" : "input,class,name,probability\n";
+  for (std::int64_t i = 0; i < classes.size(0); ++i) {
+    const auto k = classes[i];
+    const auto at = static_cast<std::size_t>(k);
+    const std::string name = card->classes.empty() ? "" : (at < card->classes.size() ? csv_cell(card->classes[at]) : "") + ",";
+    text += fmt::format("{},{},{}{:.6f}\n", csv_cell(inputs->ids[static_cast<std::size_t>(i)]), k, name, probs[i][k]);
+  }
+  if (a.out.empty()) {
+    fmt::print("{}", text);
+    return exit_ok;
+  }
+  if (auto ok = detail::write_file_atomic(a.out, text, "predictions"); !ok) return report(ok.error());
+  fmt::print("{}: {} predictions of {} (model \"{}\")\n", a.out, classes.size(0), a.input, card->model);
   return exit_ok;
 }
 

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "data_internal.hpp"
 #include "detail.hpp"
 #include "io.hpp"
 #include "train/carry.hpp"
@@ -70,6 +71,42 @@ Expected<ModelFactory> Curriculum::model() const {
   auto made = it->second.make(params);
   if (!made) return tl::unexpected(made.error().with_context(fmt::format("{}: model \"{}\"", impl_->doc->source, name)));
   return made;
+}
+
+Expected<ModelCard> Curriculum::model_card(const std::string& name) const {
+  auto ds = dataset(name);
+  if (!ds) return tl::unexpected(ds.error());
+  const auto& root = impl_->doc->root;
+  ModelCard card;
+  if (const auto* t = root["model"].as_table(); t && !impl_->model) {
+    Problems p{impl_->doc->source, {}};
+    card.model = (*t)["name"].value<std::string>().value_or("");
+    card.options = detail::to_params(*t, {"name", "init_from"}, "model", p);
+    if (!p.empty()) return tl::unexpected(p.error());
+  }
+  const auto shape = ds->inputs.sizes();
+  card.input_shape.assign(shape.begin() + 1, shape.end());
+  // Bound datasets and other kinds: features, taken as they are.
+  const auto* d = root["datasets"][name].as_table();
+  const std::string kind = d && !impl_->doc->bound.count(name) ? (*d)["kind"].value<std::string>().value_or("") : "";
+  if (kind == "fashion-mnist" || kind == "idx") {
+    const data::ImageOptions image;  // the files give no mean or std: the defaults
+    card.input = InputKind::image;
+    card.normalize = (*d)["normalize"].value<bool>().value_or(image.normalize);
+    card.mean = image.mean;
+    card.std = image.std;
+    if (kind == "fashion-mnist") card.classes = data::fashion_mnist_classes();
+  } else if (kind == "csv") {
+    std::filesystem::path path = (*d)["path"].value<std::string>().value_or("");
+    if (path.is_relative() && !impl_->doc->base_dir.empty()) path = impl_->doc->base_dir / path;
+    auto header = detail::csv_header(path);
+    if (!header) return tl::unexpected(header.error());
+    const auto target = (*d)["target"].value<std::string>().value_or("");
+    const auto at = target.empty() ? header->end() - 1 : std::find(header->begin(), header->end(), target);
+    for (auto it = header->begin(); it != header->end(); ++it)
+      if (it != at) card.columns.push_back(*it);
+  }
+  return card;
 }
 
 Expected<std::vector<TrainingSpec>> Curriculum::specs() const {

@@ -5,12 +5,15 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <sstream>
 
+#include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <torch/torch.h>
 
 #include "detail.hpp"
+#include "inference/internal.hpp"
 #include "interop/internal.hpp"
 #include "io.hpp"
 #include "train/carry.hpp"
@@ -116,15 +119,69 @@ Expected<StateDict> state_dict(const TrainState& state, const std::string& weigh
   });
 }
 
+namespace {
+/// The bytes torch.save(tensors) writes (LibTorch's pickler), with `records` (name, content)
+/// added to the archive: its records are copied into a new archive, which PyTorch's readers
+/// accept whatever else it holds.
+Expected<std::string> pt_bytes(const StateDict& tensors, const std::vector<std::pair<std::string, std::string>>& records) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, t] : tensors) {
+    if (dict.contains(name)) return fail(ErrorCode::invalid_argument, fmt::format("save_state_dict: \"{}\" twice", name));
+    dict.insert(name, t.detach().to(torch::kCPU).contiguous());
+  }
+  const auto plain = torch::pickle_save(c10::IValue(dict));
+  if (records.empty()) return std::string(plain.data(), plain.size());
+  std::istringstream in(std::string(plain.data(), plain.size()));
+  caffe2::serialize::PyTorchStreamReader reader(&in);
+  std::string out;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, std::size_t n) {
+      out.append(static_cast<const char*>(p), n);
+      return n;
+    });
+    writer.setMinVersion(reader.version());
+    for (const auto& name : reader.getAllRecords()) {
+      if (name == "version") continue;  // the writer writes its own
+      auto [data, size] = reader.getRecord(name);
+      writer.writeRecord(name, data.get(), size);
+    }
+    for (const auto& [name, content] : records) writer.writeRecord(name, content.data(), content.size());
+    writer.writeEndOfFile();
+  }
+  return out;
+}
+}  // namespace
+
 Expected<void> save_state_dict(const StateDict& tensors, const std::filesystem::path& path) {
   return detail::guard([&]() -> Expected<void> {
-    c10::Dict<std::string, at::Tensor> dict;
-    for (const auto& [name, t] : tensors) {
-      if (dict.contains(name)) return fail(ErrorCode::invalid_argument, fmt::format("save_state_dict: \"{}\" twice", name));
-      dict.insert(name, t.detach().to(torch::kCPU).contiguous());
-    }
-    const auto bytes = torch::pickle_save(c10::IValue(dict));
-    return detail::write_file_atomic(path, std::string_view(bytes.data(), bytes.size()), "state_dict");
+    return pt_bytes(tensors, {}).and_then([&](const std::string& bytes) {
+      return detail::write_file_atomic(path, bytes, "state_dict");
+    });
+  });
+}
+
+Expected<void> save_for_inference(const TrainState& state, const ModelCard& card, const std::filesystem::path& path) {
+  return detail::guard([&]() -> Expected<void> {
+    if (auto checked = detail::card_from_json(detail::card_to_json(card), "save_for_inference"); !checked)
+      return tl::unexpected(checked.error());
+    auto tensors = state_dict(state, card.weights);
+    if (!tensors) return tl::unexpected(tensors.error());
+    // The card must describe this model: a sample of its shape goes through the model as
+    // load_for_inference will build it, and the outputs are one per class name.
+    auto predictor = detail::make_predictor(card, state.factory, *tensors, c10::Device(c10::kCPU));
+    if (!predictor) return tl::unexpected(predictor.error().with_context("save_for_inference"));
+    std::vector<std::int64_t> one = {1};
+    one.insert(one.end(), card.input_shape.begin(), card.input_shape.end());
+    auto out = predictor->logits(torch::zeros(one));
+    if (!out)
+      return fail(ErrorCode::shape_mismatch, fmt::format("save_for_inference: input_shape [{}] does not fit the model: {}",
+                                                         fmt::join(card.input_shape, ", "), out.error().message));
+    if (!card.classes.empty() && out->size(1) != static_cast<std::int64_t>(card.classes.size()))
+      return fail(ErrorCode::shape_mismatch, fmt::format("save_for_inference: {} class names for a model of {} outputs",
+                                                         card.classes.size(), out->size(1)));
+    return pt_bytes(*tensors, {{detail::kCardRecord, detail::card_to_json(card)}}).and_then([&](const std::string& bytes) {
+      return detail::write_file_atomic(path, bytes, "inference artifact");
+    });
   });
 }
 

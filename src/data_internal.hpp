@@ -1,0 +1,28 @@
+#pragma once
+// What the dataset readers (data.cpp, data_loaders.cpp) share with the model card and the
+// inference inputs (src/hparams/curriculum.cpp, src/inference/), so that a deployed model sees
+// its inputs exactly as training did.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "baton/error.hpp"
+
+namespace baton::detail {
+
+/// uint8 pixels as float32 in [0, 1], then `(x - mean) / std` when `normalize`: the one
+/// definition of how images become inputs (the same operations in the same order, so the same
+/// bits in training, `eval` and `Predictor::prepare`).
+torch::Tensor scale_pixels(const torch::Tensor& pixels, bool normalize, double mean, double std);
+
+/// The header row of a CSV file (the cells of its first line).
+Expected<std::vector<std::string>> csv_header(const std::filesystem::path& path);
+
+/// The columns `columns` (by header name, in that order; empty: every column) of a CSV file's
+/// data rows as float32 [rows, columns]. Other columns are not read, so they may hold text.
+/// Errors name the file, the line and the column.
+Expected<torch::Tensor> csv_columns(const std::filesystem::path& path, const std::vector<std::string>& columns);
+
+}  // namespace baton::detail

@@ -1,0 +1,140 @@
+// read_inputs: what `baton predict` and load_for_inference's users feed a model, read from IDX
+// files, image files (stb_image: PNG, JPEG, BMP, GIF, PGM/PPM), directories of images and CSV.
+#include <algorithm>
+#include <array>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <stb/stb_image.h>
+#include <torch/torch.h>
+
+#include "baton/data.hpp"
+#include "baton/inference.hpp"
+#include "data_internal.hpp"
+#include "detail.hpp"
+#include "io.hpp"
+
+namespace baton {
+namespace {
+namespace fs = std::filesystem;
+
+enum class Format { idx, image, csv };
+
+Format sniff(const fs::path& path) {
+  std::array<unsigned char, 4> b{};
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(b.data()), b.size());
+  const auto got = in.gcount();
+  if (got >= 2 && b[0] == 0x1f && b[1] == 0x8b) return Format::idx;                     // gzip: Fashion-MNIST's .gz
+  if (got == 4 && b[0] == 0 && b[1] == 0 && b[2] >= 0x08 && b[2] <= 0x0e) return Format::idx;  // IDX magic
+  if (got == 4 && (b == std::array<unsigned char, 4>{0x89, 'P', 'N', 'G'} || (b[0] == 0xff && b[1] == 0xd8) ||
+                   (b[0] == 'B' && b[1] == 'M') || (b[0] == 'G' && b[1] == 'I' && b[2] == 'F') ||
+                   (b[0] == 'P' && b[1] >= '1' && b[1] <= '6')))
+    return Format::image;
+  return Format::csv;
+}
+
+std::string size_text(const std::vector<std::int64_t>& chw) {
+  return fmt::format("{}x{} with {} channel{}", chw[2], chw[1], chw[0], chw[0] == 1 ? "" : "s");
+}
+
+/// One image file as uint8 [C, H, W] with the card's channels (stb converts grey and colour).
+Expected<torch::Tensor> read_image(const fs::path& path, const ModelCard& card) {
+  const int channels = static_cast<int>(card.input_shape[0]);
+  if (channels < 1 || channels > 4)
+    return fail(ErrorCode::invalid_argument, fmt::format("{}: the model takes {} channels; image files have 1 to 4", path.string(), channels));
+  int w = 0, h = 0, n = 0;
+  unsigned char* pixels = stbi_load(path.c_str(), &w, &h, &n, channels);
+  if (!pixels) return fail(ErrorCode::data, fmt::format("{}: cannot decode the image: {}", path.string(), stbi_failure_reason()));
+  // clone: for one channel the permuted view is already contiguous and would keep pointing at `pixels`.
+  auto t = torch::from_blob(pixels, {h, w, channels}, torch::kUInt8).permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
+  stbi_image_free(pixels);
+  if (h != card.input_shape[1] || w != card.input_shape[2])
+    return fail(ErrorCode::shape_mismatch, fmt::format("{}: a {}x{} image; the model takes {} (baton does not resize: "
+                                                       "resize it first)", path.string(), w, h, size_text(card.input_shape)));
+  return t;
+}
+
+Expected<InputBatch> images(const std::vector<fs::path>& files, const ModelCard& card) {
+  InputBatch out;
+  std::vector<torch::Tensor> all;
+  for (const auto& f : files) {
+    auto t = read_image(f, card);
+    if (!t) return tl::unexpected(t.error());
+    all.push_back(*t);
+    out.ids.push_back(f.filename().string());
+  }
+  out.inputs = torch::stack(all);
+  return out;
+}
+
+Expected<InputBatch> idx(const fs::path& path, const ModelCard& card) {
+  auto t = data::read_idx(path);
+  if (!t) return tl::unexpected(t.error());
+  torch::Tensor x = *t;
+  const auto& shape = card.input_shape;
+  if (card.input == InputKind::image) {
+    if (x.scalar_type() != torch::kUInt8)
+      return fail(ErrorCode::data, fmt::format("{}: {} values; images are uint8 pixels", path.string(), c10::toString(x.scalar_type())));
+    if (x.dim() == 3 && shape[0] == 1) x = x.unsqueeze(1);
+    if (x.dim() != 4 || x.sizes().slice(1).vec() != shape)
+      return fail(ErrorCode::shape_mismatch, fmt::format("{}: images {}; the model takes [N, {}] ({})", path.string(),
+                                                         detail::shape_string(*t), fmt::join(shape, ", "), size_text(shape)));
+  } else {
+    x = x.to(torch::kFloat32);
+    if (x.dim() != static_cast<std::int64_t>(shape.size()) + 1 || x.sizes().slice(1).vec() != shape)
+      return fail(ErrorCode::shape_mismatch, fmt::format("{}: values {}; the model takes [N, {}]", path.string(),
+                                                         detail::shape_string(*t), fmt::join(shape, ", ")));
+  }
+  InputBatch out;
+  for (std::int64_t i = 0; i < x.size(0); ++i) out.ids.push_back(std::to_string(i));
+  out.inputs = x;
+  return out;
+}
+
+Expected<InputBatch> csv(const fs::path& path, const ModelCard& card) {
+  if (card.input == InputKind::image)
+    return fail(ErrorCode::invalid_argument, fmt::format("{}: a CSV table, but the model takes images (IDX or image files)", path.string()));
+  auto x = detail::csv_columns(path, card.columns);
+  if (!x) return tl::unexpected(x.error());
+  if (card.input_shape.size() != 1 || x->size(1) != card.input_shape[0])
+    return fail(ErrorCode::shape_mismatch, fmt::format("{}: {} columns; the model takes [N, {}]", path.string(), x->size(1),
+                                                       fmt::join(card.input_shape, ", ")));
+  InputBatch out;
+  for (std::int64_t i = 0; i < x->size(0); ++i) out.ids.push_back(std::to_string(i));
+  out.inputs = *x;
+  return out;
+}
+}  // namespace
+
+Expected<InputBatch> read_inputs(const std::filesystem::path& path, const ModelCard& card) {
+  return detail::guard([&]() -> Expected<InputBatch> {
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+      std::vector<fs::path> files;
+      for (const auto& e : fs::directory_iterator(path))
+        if (e.is_regular_file() && e.path().filename().string().front() != '.') files.push_back(e.path());
+      std::sort(files.begin(), files.end());
+      if (files.empty()) return fail(ErrorCode::data, fmt::format("{}: no image files in the directory", path.string()));
+      if (card.input != InputKind::image)
+        return fail(ErrorCode::invalid_argument, fmt::format("{}: a directory of images, but the model takes feature columns (CSV)", path.string()));
+      for (const auto& f : files)
+        if (sniff(f) != Format::image)
+          return fail(ErrorCode::data, fmt::format("{}: not an image file (PNG, JPEG, BMP, GIF, PGM/PPM)", f.string()));
+      return images(files, card);
+    }
+    if (auto ok = detail::check_regular_file(path, "input file"); !ok) return tl::unexpected(ok.error());
+    switch (sniff(path)) {
+      case Format::idx: return idx(path, card);
+      case Format::image:
+        if (card.input != InputKind::image)
+          return fail(ErrorCode::invalid_argument, fmt::format("{}: an image, but the model takes feature columns (CSV)", path.string()));
+        return images({path}, card);
+      case Format::csv: break;
+    }
+    return csv(path, card);
+  });
+}
+
+}  // namespace baton
