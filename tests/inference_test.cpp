@@ -217,8 +217,9 @@ TEST_CASE("baton predict takes a CSV model's columns by name", "[inference][cli]
     train << v[0] + (k == 0 ? 2 : 0) << ',' << v[1] + (k == 1 ? 2 : 0) << ',' << v[2] + (k == 2 ? 2 : 0) << ',' << k << '\n';
   }
   train.close();
-  // An absolute path: `baton export` reads the run directory's copy of this file.
-  std::ofstream(dir / "c.toml") << fmt::format(R"(
+  // A relative path: the run directory's copy of this file, which `baton export` reads, makes it
+  // absolute.
+  std::ofstream(dir / "c.toml") << R"(
 [run]
 name = "csv"
 seed = 1
@@ -228,14 +229,14 @@ name = "mlp"
 widths = [3, 16, 3]
 [datasets.train]
 kind = "csv"
-path = "{}"
+path = "train.csv"
 target = "label"
 [[stages]]
 name = "only"
 duration = "5ep"
 batch_size = 30
-optimizer = {{ name = "adam", lr = 0.05 }}
-)", (dir / "train.csv").string());
+optimizer = { name = "adam", lr = 0.05 }
+)";
   auto r = baton_cli(fmt::format("run {} --run-dir {}", (dir / "c.toml").string(), (dir / "run").string()));
   INFO(r.out);
   REQUIRE(r.rc == 0);

@@ -31,6 +31,7 @@ struct Curriculum::Impl {
   std::optional<ModelFactory> model;
   std::string resolved;
   std::string fingerprint;
+  std::string run_copy;  // `resolved` with absolute input paths: the run directory's config.toml
 };
 
 Curriculum::Curriculum(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
@@ -123,7 +124,7 @@ RunOptions Curriculum::run_options() const {
   const RunConfig& r = run();
   return RunOptions{.dir = r.run_dir,
                     .name = r.name,
-                    .config = resolved_toml(),
+                    .config = impl_->run_copy,
                     .fingerprint = fingerprint(),
                     .checkpoint_every = r.checkpoint_every,
                     .keep_checkpoints = r.keep_checkpoints,
@@ -344,6 +345,14 @@ Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
   std::ostringstream ss;
   ss << "# The resolved curriculum: overrides applied, every stage with what it inherited.\n" << head << "\n";
   impl.resolved = ss.str();
+  // The run directory's copy: relative input paths would start at the run directory there.
+  toml::table copy = head;
+  detail::absolute_paths(copy, impl.doc->base_dir);
+  std::ostringstream cs;
+  cs << "# The resolved curriculum: overrides applied, every stage with what it inherited; input paths\n"
+     << "# made absolute, so that baton eval and baton export read the same files from this directory.\n"
+     << copy << "\n";
+  impl.run_copy = cs.str();
   // The fingerprint leaves out what does not change training (where to write), and threads: what
   // the machine changes is checked on resume by numerics_environment (run.hpp). It is the same for
   // a file and its resolved form.

@@ -24,6 +24,10 @@ struct Selection {
   bool val = false;  // which part of the hold-out
 };
 
+/// The keys of the built-in dataset kinds that name input files.
+const std::map<std::string, std::vector<std::string>> kPathKeys = {
+    {"fashion-mnist", {"dir"}}, {"idx", {"images", "labels"}}, {"csv", {"path"}}};
+
 /// Reads a dataset table's selection keys; problems (placed at their nodes) go to `p`.
 Selection read_selection(const toml::table& t, const std::string& path, Problems& p) {
   Selection s;
@@ -153,8 +157,6 @@ Expected<Dataset> Document::dataset(const std::string& name) const {
     // The built-in kinds' input paths, when relative, start at the curriculum file's directory
     // (as the file's reader expects), not the working directory; the text (and fingerprint) keeps
     // what the file says.
-    static const std::map<std::string, std::vector<std::string>> kPathKeys = {
-        {"fashion-mnist", {"dir"}}, {"idx", {"images", "labels"}}, {"csv", {"path"}}};
     if (auto keys = kPathKeys.find(kind); keys != kPathKeys.end() && !base_dir.empty())
       for (const auto& key : keys->second)
         if (auto it = params.find(key); it != params.end())
@@ -168,6 +170,26 @@ Expected<Dataset> Document::dataset(const std::string& name) const {
   }();
   cache.emplace(name, loaded);
   return loaded;
+}
+
+void absolute_paths(toml::table& resolved, const std::filesystem::path& base_dir) {
+  std::error_code ec;
+  const auto base = std::filesystem::absolute(base_dir.empty() ? std::filesystem::path(".") : base_dir, ec);
+  if (ec) return;
+  const auto fix = [&](toml::node* n) {
+    if (auto* text = n ? n->as_string() : nullptr; text && !text->get().empty() && std::filesystem::path(text->get()).is_relative())
+      *text = (base / text->get()).lexically_normal().string();
+  };
+  if (auto* datasets = resolved["datasets"].as_table())
+    for (auto&& [name, node] : *datasets)
+      if (auto* t = node.as_table())
+        if (auto keys = kPathKeys.find((*t)["kind"].value<std::string>().value_or("")); keys != kPathKeys.end())
+          for (const auto& key : keys->second) fix(t->get(key));
+  if (auto* model = resolved["model"].as_table()) {
+    auto* from = model->get("init_from");
+    if (from && from->is_table()) from = from->as_table()->get("path");
+    fix(from);
+  }
 }
 
 }  // namespace baton::detail

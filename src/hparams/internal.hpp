@@ -141,6 +141,10 @@ Expected<bool> train_in_processes(const std::filesystem::path& file, const std::
                                   std::vector<bool> finished, const SweepOptions& o);
 
 /// The parsed file and what every builder shares.
+/// Makes the relative input paths of `resolved` (built-in dataset kinds' files, model.init_from)
+/// absolute from `base_dir`: the run directory's copy of a curriculum reads the same files.
+void absolute_paths(toml::table& resolved, const std::filesystem::path& base_dir);
+
 struct Document {
   std::string source;
   std::filesystem::path base_dir;  // the file's directory: relative data paths start there
