@@ -8,6 +8,7 @@
 #include "data_internal.hpp"
 #include "detail.hpp"
 #include "inference/internal.hpp"
+#include "interop/internal.hpp"
 #include "train/carry.hpp"
 
 namespace baton {
@@ -103,13 +104,9 @@ Expected<ModelCard> read_model_card(const std::filesystem::path& artifact) {
   if (!std::filesystem::is_regular_file(artifact, ec))
     return fail(ErrorCode::io, fmt::format("{}: no such file (an inference artifact: baton export STATE -o FILE --inference)", where));
   return detail::guard([&]() -> Expected<ModelCard> {
-    std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip;
-    try {
-      zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(where);
-    } catch (const c10::Error& e) {
-      return fail(ErrorCode::data, fmt::format("{}: not an inference artifact (a zip archive as torch.save writes): {}", where,
-                                               detail::torch_message(e)));
-    }
+    auto opened = detail::open_archive(artifact, "an inference artifact");
+    if (!opened) return tl::unexpected(opened.error());
+    auto& zip = *opened;
     if (!zip->hasRecord(detail::kCardRecord))
       return fail(ErrorCode::data, fmt::format("{}: a state_dict without a model card, not an inference artifact; write one with "
                                                "baton export STATE -o FILE --inference (or save_for_inference)", where));
