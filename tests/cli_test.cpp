@@ -23,28 +23,11 @@
 namespace fs = std::filesystem;
 
 namespace {
-struct Result {
-  int rc;
-  std::string out;  // stdout and stderr
-};
+using Result = test::Output;  // rc, and stdout with stderr
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(BATON_EXE) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result run(const std::string& args) { return test::shell(std::string(BATON_EXE) + " " + args); }
 
-fs::path temp_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / fmt::format("baton-cli-{}-{}", name, ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir(const std::string& name) { return test::temp_dir("cli-" + name); }
 
 std::string sha_of(const fs::path& state) {
   auto r = run("inspect " + state.string());

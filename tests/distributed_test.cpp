@@ -19,17 +19,13 @@
 #include <fmt/format.h>
 
 #include "helpers.hpp"
+#include "process.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / fmt::format("baton-dist-{}-{}", name, ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir(const std::string& name) { return test::temp_dir("dist-" + name); }
 
 /// Runs `body(rank, group)` on `world` threads, each rank joined to its own Gloo group over a
 /// fresh FileStore; returns each rank's result (or the error of its join). No Catch assertions
@@ -366,14 +362,8 @@ struct Proc {
 
 Proc shell(const std::string& cmd) {
   const auto t0 = std::chrono::steady_clock::now();
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  auto r = test::shell(cmd);
+  return {r.rc, std::move(r.out), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
 const char* kDistToml = R"(

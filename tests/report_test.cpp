@@ -17,6 +17,8 @@
 #include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <nlohmann/json.hpp>
 
+#include "process.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -43,12 +45,7 @@ std::string slurp(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-fs::path temp_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / fmt::format("baton-report-{}-{}", name, ::getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir(const std::string& name) { return test::temp_dir("report-" + name); }
 
 // Two stages that differ in what they carry over, with interval evaluations: ~2 s of training.
 const char* kTwoStages = R"(

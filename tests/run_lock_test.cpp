@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "helpers.hpp"
+#include "process.hpp"
 
 namespace fs = std::filesystem;
 
@@ -44,14 +45,8 @@ struct Outcome {
 };
 
 Outcome run(const std::string& args) {
-  const std::string cmd = fmt::format("timeout -s KILL 120 {} {} 2>&1", BATON_EXE, args);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  auto r = test::shell(fmt::format("timeout -s KILL 120 {} {}", BATON_EXE, args));
+  return {r.rc, std::move(r.out)};
 }
 
 /// Starts `baton run` in the background and returns its pid once it holds the lock.
