@@ -28,6 +28,21 @@ std::vector<std::string> split_cells(std::string line) {
   return cells;
 }
 
+/// One cell as a number: finite, and for a feature (`as_float`) within float's range. inf and
+/// nan parse as numbers but cannot be trained on; a feature beyond float's range would overflow
+/// the float conversion (undefined behaviour). Errors name the file, line and column.
+Expected<double> parse_cell(const std::string& path, std::size_t lineno, const std::string& column, const std::string& cell,
+                            bool as_float) {
+  char* end = nullptr;
+  const double v = std::strtod(cell.c_str(), &end);
+  if (end == cell.c_str() || *end != '\0')
+    return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": \"{}\" is not a number", path, lineno, column, cell));
+  if (!std::isfinite(v) || (as_float && std::abs(v) > std::numeric_limits<float>::max()))
+    return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": {} is not {}", path, lineno, column, cell,
+                                             as_float ? "a finite 32-bit float" : "a finite number"));
+  return v;
+}
+
 /// A CSV file's numbers: features row by row, targets, and the header they came with.
 struct Table {
   std::vector<std::string> header;
@@ -60,17 +75,10 @@ Expected<Table> read_table(const std::string& path, const std::string& target) {
     if (cells.size() != header.size())
       return fail(ErrorCode::data, fmt::format("{}:{}: {} cells, the header has {}", path, lineno, cells.size(), header.size()));
     for (std::size_t c = 0; c < cells.size(); ++c) {
-      char* end = nullptr;
-      const double v = std::strtod(cells[c].c_str(), &end);
-      if (end == cells[c].c_str() || *end != '\0')
-        return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": \"{}\" is not a number", path, lineno, header[c], cells[c]));
-      // inf and nan parse as numbers but cannot be trained on; a feature beyond float's range
-      // would overflow the float conversion below (undefined behaviour).
-      if (!std::isfinite(v) || (c != t.target_col && std::abs(v) > std::numeric_limits<float>::max()))
-        return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": {} is not {}", path, lineno, header[c], cells[c],
-                                                 c == t.target_col ? "a finite number" : "a finite 32-bit float"));
-      if (c == t.target_col) t.ys.push_back(v);
-      else t.xs.push_back(static_cast<float>(v));
+      auto v = parse_cell(path, lineno, header[c], cells[c], c != t.target_col);
+      if (!v) return tl::unexpected(v.error());
+      if (c == t.target_col) t.ys.push_back(*v);
+      else t.xs.push_back(static_cast<float>(*v));
     }
     ++t.rows;
   }
@@ -164,12 +172,9 @@ Expected<torch::Tensor> csv_columns(const std::filesystem::path& path, const std
       if (cells.size() != header->size())
         return fail(ErrorCode::data, fmt::format("{}:{}: {} cells, the header has {}", file, lineno, cells.size(), header->size()));
       for (const auto c : take) {
-        char* end = nullptr;
-        const double v = std::strtod(cells[c].c_str(), &end);
-        if (end == cells[c].c_str() || *end != '\0' || !std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max())
-          return fail(ErrorCode::data, fmt::format("{}:{}: column \"{}\": \"{}\" is not a finite 32-bit float", file, lineno,
-                                                   (*header)[c], cells[c]));
-        xs.push_back(static_cast<float>(v));
+        auto v = data::parse_cell(file, lineno, (*header)[c], cells[c], /*as_float=*/true);
+        if (!v) return tl::unexpected(v.error());
+        xs.push_back(static_cast<float>(*v));
       }
       ++rows;
     }
