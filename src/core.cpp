@@ -385,6 +385,10 @@ Expected<void> TrainingSpec::validate() const {
   if (auto d = data.train.validate(); !d) problems.push_back("data.train: " + d.error().message);
   if (data.batch_size <= 0)
     problems.push_back(fmt::format("data.batch_size: must be positive, got {}", data.batch_size));
+  if (data.workers < 0 || data.workers > 256)
+    problems.push_back(fmt::format("data.workers: must be in [0, 256], got {}", data.workers));
+  if (data.prefetch < 1 || data.prefetch > 64)
+    problems.push_back(fmt::format("data.prefetch: must be in [1, 64], got {}", data.prefetch));
   if (data.drop_last && data.train.size() > 0 && data.batch_size > data.train.size())
     problems.push_back(fmt::format(
         "data.batch_size: {} is larger than the {} samples of \"{}\" and drop_last is set, so no "

@@ -17,6 +17,10 @@
 namespace baton {
 
 Expected<void> Dataset::validate() const {
+  if (source) {
+    if (source->size() <= 0) return fail(ErrorCode::data, fmt::format("dataset \"{}\" is empty", name));
+    return {};
+  }
   if (!inputs.defined() || !targets.defined())
     return fail(ErrorCode::data, fmt::format("dataset \"{}\" has no {} tensor", name,
                                              inputs.defined() ? "targets" : "inputs"));
@@ -36,13 +40,70 @@ Expected<void> Dataset::validate() const {
 
 Dataset Dataset::head(std::int64_t n) const {
   if (n >= size()) return *this;
-  return Dataset{inputs.narrow(0, 0, n), targets.narrow(0, 0, n), fmt::format("{}[:{}]", name, n)};
+  const auto part = fmt::format("{}[:{}]", name, n);
+  if (source) return make_dataset(detail::subset(source, torch::arange(n, torch::kLong)), part);
+  return Dataset{inputs.narrow(0, 0, n), targets.narrow(0, 0, n), part};
+}
+
+namespace {
+/// `t` with row-major strides. is_contiguous() ignores the strides of size-1 dimensions, LibTorch's
+/// kernels do not: a [N, 1, H, W] view of NHWC pixels is "contiguous" yet read as channels_last,
+/// which trains other bits than the same values laid out as an in-memory dataset's.
+torch::Tensor row_major(torch::Tensor t) {
+  if (!t.defined()) return t;
+  std::int64_t stride = 1;
+  for (std::int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (t.stride(d) != stride) return t.clone(at::MemoryFormat::Contiguous);
+    stride *= t.size(d);
+  }
+  return t;
+}
+}  // namespace
+
+Expected<Batch> Dataset::gather(const torch::Tensor& indices, const SampleContext& context) const {
+  if (!source) return Batch{inputs.index_select(0, indices), targets.index_select(0, indices)};
+  try {
+    auto b = source->batch(indices, context);
+    if (!b) return tl::unexpected(b.error().with_context(fmt::format("dataset \"{}\"", name)));
+    b->inputs = row_major(std::move(b->inputs)), b->targets = row_major(std::move(b->targets));
+    return b;
+  } catch (const c10::Error& e) {
+    return fail(ErrorCode::data, fmt::format("dataset \"{}\": {}", name, detail::torch_message(e)));
+  } catch (const std::exception& e) {
+    return fail(ErrorCode::data, fmt::format("dataset \"{}\": {}", name, e.what()));
+  }
+}
+
+Expected<Batch> Dataset::range(std::int64_t start, std::int64_t count, const SampleContext& context) const {
+  if (!source) return Batch{inputs.narrow(0, start, count), targets.narrow(0, start, count)};
+  return gather(torch::arange(start, start + count, torch::kLong), context);
+}
+
+std::vector<std::int64_t> Dataset::input_shape() const {
+  if (source) return source->input_shape();
+  if (!inputs.defined() || inputs.dim() < 1) return {};
+  return {inputs.sizes().begin() + 1, inputs.sizes().end()};
+}
+
+bool Dataset::class_targets() const {
+  if (source) return source->classes() > 0;
+  return targets.defined() && targets.scalar_type() == torch::kLong && targets.dim() == 1;
+}
+
+std::int64_t Dataset::classes() const {
+  if (source) return source->classes();
+  if (!class_targets() || targets.numel() == 0) return 0;
+  return targets.max().item<std::int64_t>() + 1;
 }
 
 Expected<Dataset> make_dataset(torch::Tensor inputs, torch::Tensor targets, std::string name) {
   Dataset d{std::move(inputs), std::move(targets), std::move(name)};
   if (auto ok = d.validate(); !ok) return tl::unexpected(ok.error());
   return d;
+}
+
+Dataset make_dataset(std::shared_ptr<const Source> source, std::string name) {
+  return Dataset{{}, {}, std::move(name), std::move(source)};
 }
 
 namespace data {
@@ -217,8 +278,9 @@ Expected<Dataset> slice(const Dataset& dataset, std::int64_t offset, std::int64_
                                              dataset.name, offset, n, n - 1));
   if (offset == 0 && (limit == 0 || limit >= n)) return dataset;
   const std::int64_t count = limit == 0 ? n - offset : std::min(limit, n - offset);
-  return Dataset{dataset.inputs.narrow(0, offset, count), dataset.targets.narrow(0, offset, count),
-                 fmt::format("{}[{}:{}]", dataset.name, offset, offset + count)};
+  const auto part = fmt::format("{}[{}:{}]", dataset.name, offset, offset + count);
+  if (dataset.lazy()) return make_dataset(detail::subset(dataset.source, torch::arange(offset, offset + count, torch::kLong)), part);
+  return Dataset{dataset.inputs.narrow(0, offset, count), dataset.targets.narrow(0, offset, count), part};
 }
 
 Expected<HeldOut> hold_out(const Dataset& dataset, const HoldOutOptions& options) {
@@ -242,6 +304,7 @@ Expected<HeldOut> hold_out(const Dataset& dataset, const HoldOutOptions& options
   const auto val_idx = mask.nonzero().squeeze(1);
   const auto train_idx = mask.logical_not().nonzero().squeeze(1);
   auto part = [&](const torch::Tensor& idx, const char* which) {
+    if (dataset.lazy()) return make_dataset(detail::subset(dataset.source, idx), fmt::format("{}:{}", dataset.name, which));
     return Dataset{dataset.inputs.index_select(0, idx), dataset.targets.index_select(0, idx),
                    fmt::format("{}:{}", dataset.name, which)};
   };

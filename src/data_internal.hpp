@@ -3,6 +3,7 @@
 // inference inputs (src/hparams/curriculum.cpp, src/inference/), so that a deployed model sees
 // its inputs exactly as training did.
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,7 +11,14 @@
 
 #include "baton/error.hpp"
 
+namespace baton {
+class Source;
+}
+
 namespace baton::detail {
+
+/// The samples `indices` (int64 [M], into `base`) of a lazy source, as a source of M samples.
+std::shared_ptr<const Source> subset(std::shared_ptr<const Source> base, torch::Tensor indices);
 
 /// uint8 pixels as float32 in [0, 1], then `(x - mean) / std` when `normalize`: the one
 /// definition of how images become inputs (the same operations in the same order, so the same

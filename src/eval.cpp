@@ -146,7 +146,7 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
   if (auto ok = ds.validate(); !ok) return where(ok.error());
   const std::int64_t n = spec.limit ? std::min(ds.size(), *spec.limit) : ds.size();
   if (n <= 0) return fail(ErrorCode::invalid_argument, fmt::format("eval set \"{}\": no samples to evaluate", name));
-  const bool classes = ds.targets.scalar_type() == torch::kLong && ds.targets.dim() == 1;
+  const bool classes = ds.class_targets();
   const auto metrics = spec.metrics.empty() ? metric::defaults(classes ? MetricTargets::classes : MetricTargets::values)
                                             : spec.metrics;
   double loss_sum = 0;
@@ -158,8 +158,9 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
   const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   for (std::int64_t i = lo; i < lo + count; i += spec.batch_size) {
     const std::int64_t take = std::min(spec.batch_size, lo + count - i);
-    auto x = ds.inputs.narrow(0, i, take);
-    auto y = ds.targets.narrow(0, i, take);
+    auto b = ds.range(i, take);
+    if (!b) return where(b.error());
+    auto x = std::move(b->inputs), y = std::move(b->targets);
     if (x.device() != device) x = x.to(device), y = y.to(device);
     torch::Tensor out;
     try {

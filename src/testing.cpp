@@ -96,8 +96,8 @@ class TempDir {
 Batch first_batch(const TrainingSpec& spec, std::int64_t size) {
   const std::int64_t n = size > 0 ? size : std::max<std::int64_t>(spec.data.batch_size, 1);
   if (spec.data.train.size() == 0) return {};  // the checks then say the batch is empty
-  const Dataset head = spec.data.train.head(n);
-  return Batch{head.inputs, head.targets};
+  auto b = spec.data.train.range(0, std::min(n, spec.data.train.size()));
+  return b ? *b : Batch{};
 }
 
 Check overfits_one_batch(const TrainingSpec& spec, const TrainState& state, const Batch& batch, OverfitOptions o) {
@@ -234,7 +234,11 @@ Check resume_invariant(const TrainingSpec& spec, const TrainState& state, Time a
 Check no_leak(const Dataset& train, const Dataset& held_out) {
   return guarded("no_leak", [&] {
     if (train.size() == 0 || held_out.size() == 0) return pass("no_leak: one of the sets is empty");
-    auto rows = [](const Dataset& d) { return d.inputs.reshape({d.size(), -1}).contiguous().to(torch::kCPU); };
+    auto rows = [](const Dataset& d) {
+      auto all = data::materialize(d);  // a lazy dataset: read once
+      if (!all) detail::raise(all.error().code, all.error().message);
+      return all->inputs.reshape({d.size(), -1}).contiguous().to(torch::kCPU);
+    };
     const auto a = rows(train), b = rows(held_out);
     if (a.size(1) != b.size(1) || a.scalar_type() != b.scalar_type())
       return pass(fmt::format("no_leak: \"{}\" and \"{}\" have samples of other shapes or types: none can be equal",

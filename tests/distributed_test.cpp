@@ -272,6 +272,35 @@ TEST_CASE("resume a 2-rank run on 1 rank and on 2 ranks: every global batch hold
   fs::remove_all(dir);
 }
 
+TEST_CASE("2 ranks reading packed shards with workers cut the global batches of one process in memory", "[distributed][data_scale]") {
+  const auto data = with_ids(500);
+  const auto dir = temp_dir("shards");
+  REQUIRE(baton::data::pack(data, dir / "ids", {.records_per_shard = 128, .pixels = {}}).has_value());
+  auto shards = baton::data::shards(dir / "ids");
+  REQUIRE(shards.has_value());
+  auto spec = test::spec(data, baton::Time::batches(12)).with_batch_size(64);
+  Recorder ref;
+  test::ok(baton::fit(spec.with_algorithms({ref.algorithm()}), state_of(plain_mlp())));
+  auto lazy = spec.with_train_data(*shards);
+  auto d = lazy.data;
+  d.workers = 2, d.prefetch = 3;
+  lazy = lazy.with_data(d);
+  std::array<Recorder, 2> ranks;
+  const auto init = state_of(plain_mlp());
+  auto r = on_ranks<baton::TrainState>(2, [&](int k, std::shared_ptr<const baton::Distributed> g) {
+    return baton::fit(lazy.with_distributed(g).with_algorithms({ranks[static_cast<std::size_t>(k)].algorithm()}), init);
+  });
+  ok(r[0]), ok(r[1]);
+  REQUIRE(ref.ids.size() == 12);
+  for (std::int64_t b = 0; b < 12; ++b) {
+    INFO("global batch " << b);
+    std::vector<std::int64_t> joined = ranks[0].ids.at(b);
+    joined.insert(joined.end(), ranks[1].ids.at(b).begin(), ranks[1].ids.at(b).end());
+    CHECK(joined == ref.ids.at(b));
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("ranks that start from different states fail with an error naming both positions, no hang", "[distributed]") {
   const auto data = test::blobs(200);
   const auto spec = test::spec(data, baton::Time::batches(3)).with_batch_size(20);

@@ -1,11 +1,14 @@
 #pragma once
 /// \file data.hpp
-/// In-memory datasets, MNIST-format IDX files (plain or .gz), Fashion-MNIST from the Debian
-/// package dataset-fashion-mnist, CSV tables, synthetic blobs, and the data order: a pure function
-/// of (seed, epoch).
+/// Datasets in memory and lazy ones (samples made on demand: packed shards, transforms, your own
+/// `Source`), MNIST-format IDX files (plain or .gz), Fashion-MNIST from the Debian package
+/// dataset-fashion-mnist, CSV tables, synthetic blobs, and the data order: a pure function of
+/// (seed, epoch). docs/data.md.
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,30 +19,79 @@
 
 namespace baton {
 
-/// A dataset held in memory: `inputs[i]` and `targets[i]` form sample i. Tensors are shared,
-/// never written by baton: copying a Dataset is cheap and safe.
-struct Dataset {
-  torch::Tensor inputs;   ///< [N, ...] floating point
-  torch::Tensor targets;  ///< [N] int64 class indices, or [N, ...] floating for regression
-  std::string name;       ///< used in messages, e.g. "fashion-mnist/train"
-
-  [[nodiscard]] std::int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
-
-  /// Checks that both tensors are defined, non-empty and have the same first dimension.
-  [[nodiscard]] Expected<void> validate() const;
-
-  /// The first `n` samples (all of them if `n >= size()`), sharing memory with this dataset.
-  [[nodiscard]] Dataset head(std::int64_t n) const;
-};
-
-/// Builds a dataset from tensors, checking that they agree (see `Dataset::validate`).
-Expected<Dataset> make_dataset(torch::Tensor inputs, torch::Tensor targets, std::string name);
-
 /// One batch as the model sees it.
 struct Batch {
   torch::Tensor inputs;
   torch::Tensor targets;
 };
+
+/// What a lazy dataset's batch may depend on besides the sample indices: the fit's data seed and
+/// the epoch (evaluation passes seed 0 and epoch -1).
+struct SampleContext {
+  std::uint64_t seed = 0;
+  std::int64_t epoch = -1;
+};
+
+/// Where the samples of a lazy dataset come from (packed shards, a transform, your own reader).
+/// `batch` is called from worker threads at once (`DataSpec::workers`), so it must not change
+/// shared state, and it must be a pure function of (indices, context): then any number of workers,
+/// any split of a run into fits and any resume give the same bits.
+class Source {
+ public:
+  virtual ~Source() = default;
+  /// Number of samples.
+  [[nodiscard]] virtual std::int64_t size() const = 0;
+  /// The samples `indices` (int64 [B], each in [0, size())) as one batch on the CPU: inputs
+  /// [B, input_shape()...] floating point, targets [B] int64 or [B, ...] floating. An error should
+  /// name the sample (and its file) that failed.
+  [[nodiscard]] virtual Expected<Batch> batch(const torch::Tensor& indices, const SampleContext& context) const = 0;
+  /// One sample's input shape, known without reading samples (checks, model summary and card).
+  [[nodiscard]] virtual std::vector<std::int64_t> input_shape() const = 0;
+  /// The number of classes for int64 class targets; 0 for floating (regression) targets.
+  [[nodiscard]] virtual std::int64_t classes() const = 0;
+};
+
+/// A dataset: in memory (`inputs[i]` and `targets[i]` form sample i), or lazy (`source` makes
+/// samples on demand; `inputs` and `targets` are then undefined). Tensors and sources are shared,
+/// never written by baton: copying a Dataset is cheap and safe. The loop, `eval` and every
+/// function here take both kinds; read samples through `gather`/`range`, not the tensors, to
+/// support both.
+struct Dataset {
+  torch::Tensor inputs;                  ///< [N, ...] floating point (in memory)
+  torch::Tensor targets;                 ///< [N] int64 class indices, or [N, ...] floating for regression
+  std::string name;                      ///< used in messages, e.g. "fashion-mnist/train"
+  std::shared_ptr<const Source> source{};  ///< set: a lazy dataset
+
+  [[nodiscard]] bool lazy() const { return source != nullptr; }
+  [[nodiscard]] std::int64_t size() const {
+    return source ? source->size() : inputs.defined() ? inputs.size(0) : 0;
+  }
+
+  /// Checks that both tensors are defined, non-empty and have the same first dimension (in
+  /// memory), or that the source has samples (lazy).
+  [[nodiscard]] Expected<void> validate() const;
+
+  /// The first `n` samples (all of them if `n >= size()`), sharing memory (or the source).
+  [[nodiscard]] Dataset head(std::int64_t n) const;
+
+  /// The samples `indices` (int64 [B]) as a batch: `index_select` in memory, the source's
+  /// `batch` when lazy (errors then name the dataset).
+  [[nodiscard]] Expected<Batch> gather(const torch::Tensor& indices, const SampleContext& context = {}) const;
+  /// The samples [start, start + count) as a batch (views of the tensors in memory).
+  [[nodiscard]] Expected<Batch> range(std::int64_t start, std::int64_t count, const SampleContext& context = {}) const;
+  /// One sample's input shape (empty for a dataset without samples).
+  [[nodiscard]] std::vector<std::int64_t> input_shape() const;
+  /// True when targets are int64 class indices.
+  [[nodiscard]] bool class_targets() const;
+  /// max label + 1 for class targets (in memory: computed; lazy: the source's), else 0.
+  [[nodiscard]] std::int64_t classes() const;
+};
+
+/// Builds a dataset from tensors, checking that they agree (see `Dataset::validate`).
+Expected<Dataset> make_dataset(torch::Tensor inputs, torch::Tensor targets, std::string name);
+
+/// A lazy dataset over `source`, named `name`.
+Dataset make_dataset(std::shared_ptr<const Source> source, std::string name);
 
 /// Which part of a dataset with a fixed train/test split.
 enum class Split { train, test };
@@ -135,7 +187,8 @@ struct HeldOut {
 /// together hold every sample once. Which samples are held out is a pure function of
 /// (options.seed, dataset.size()), the same on every platform; it does not depend on the data
 /// order's seed, so a run's seed can change without moving samples between the parts. Both parts
-/// keep the dataset's order and are copies (the source can be freed). Errors: a fraction outside
+/// keep the dataset's order and are copies (the source can be freed; of a lazy dataset, lazy views
+/// of its source). Errors: a fraction outside
 /// (0, 1), or one that leaves a part empty.
 ///
 /// ```cpp
@@ -149,6 +202,58 @@ Expected<HeldOut> hold_out(const Dataset& dataset, const HoldOutOptions& options
 /// version (its own SplitMix64 + Fisher-Yates, not torch::randperm). With `shuffle == false`, the
 /// identity. int64 tensor of shape [size].
 torch::Tensor epoch_order(std::int64_t size, std::uint64_t seed, std::int64_t epoch, bool shuffle = true);
+
+/// A per-sample transform (decode, crop, flip, normalise, ...): one sample's input -> the new
+/// input. Randomness must come from `gen` only: it is seeded from (context seed, epoch, index),
+/// so a sample's result does not depend on which worker made it, or when.
+using SampleTransform = std::function<torch::Tensor(const torch::Tensor& input, at::Generator& gen)>;
+
+/// A lazy dataset whose samples are `dataset`'s with `transform` applied, one sample at a time,
+/// when a batch is made (in the loop's workers). `index` in the generator's seed is the sample's
+/// index in `dataset`. The transformed inputs of one batch must share a shape.
+///
+/// ```cpp
+/// auto flipped = baton::data::transform(*train, [](const torch::Tensor& x, at::Generator& g) {
+///   return torch::rand({1}, g).item<double>() < 0.5 ? x.flip({-1}) : x;
+/// }, "hflip");
+/// ```
+Dataset transform(const Dataset& dataset, SampleTransform transform, const std::string& what);
+
+/// A lazy dataset's samples, read once, as an in-memory dataset (an in-memory one as it is).
+Expected<Dataset> materialize(const Dataset& dataset);
+
+/// Options of `data::pack`.
+struct PackOptions {
+  std::int64_t records_per_shard = 65536;  ///< samples per shard file (the last holds the rest)
+  /// Store inputs as 8-bit pixels, reproduced exactly on reading with `scale_pixels`' formula
+  /// (x / 255, then (x - mean) / std when normalize): 4x smaller than float32. Packing fails
+  /// when some input is not such a pixel value.
+  std::optional<ImageOptions> pixels{};
+};
+
+/// What `data::pack` wrote.
+struct PackSummary {
+  std::int64_t samples = 0;
+  std::int64_t shards = 0;
+  std::int64_t bytes = 0;  ///< all files together
+};
+
+/// Writes `dataset` (in memory or lazy, in its order) to directory `dir` as packed shards
+/// (docs/data.md): a manifest `shards.json` and files `shard-NNNNN.bin` of fixed-size records, each
+/// with a CRC-32 of its payload. Written to a temporary directory and renamed, so `dir` is either
+/// complete or absent; an existing `dir` is an error.
+Expected<PackSummary> pack(const Dataset& dataset, const std::filesystem::path& dir, const PackOptions& options = {});
+
+/// Options of `data::shards`.
+struct ShardOptions {
+  bool verify = true;  ///< check every shard's CRC-32 when opening (one streaming read)
+};
+
+/// A lazy dataset over the packed shards in `dir`: the files stay open and each batch reads its
+/// records with positional reads, so resident memory stays bounded by the batches in flight,
+/// whatever the data's size; no file is opened per sample. A missing manifest, a truncated shard
+/// or a wrong checksum is an error naming the file.
+Expected<Dataset> shards(const std::filesystem::path& dir, const ShardOptions& options = {});
 
 }  // namespace data
 }  // namespace baton

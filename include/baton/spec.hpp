@@ -44,6 +44,10 @@ struct DataSpec {
   std::int64_t batch_size = 64;
   bool shuffle = true;     ///< order from (seed, epoch); false: dataset order
   bool drop_last = false;  ///< drop the last incomplete batch of each epoch
+  /// Threads that make the next batches while the step runs (0: the loop makes each batch when
+  /// it needs it). Any number gives the same bits: a batch is a pure function of its indices.
+  int workers = 0;
+  int prefetch = 2;  ///< batches made ahead, per worker (bounds the memory of the queue)
 };
 
 /// What a stage does with the model it finds in the state, when the stage begins.

@@ -118,9 +118,8 @@ Expected<void> read_pause(const RunArgs& a, RunOptions& o) {
 /// The model summary (summary.hpp) for the first stage's training samples; a model that fails on
 /// them gets a note here and its error from the fit.
 void print_summary(const TrainState& initial, const std::vector<TrainingSpec>& specs) {
-  if (specs.empty() || !specs.front().data.train.inputs.defined() || specs.front().data.train.inputs.dim() < 1) return;
-  auto sample = specs.front().data.train.inputs.sizes().vec();
-  sample.erase(sample.begin());
+  if (specs.empty() || specs.front().data.train.size() == 0) return;
+  const auto sample = specs.front().data.train.input_shape();
   auto s = summarize(initial, sample, specs);
   if (s) fmt::print("{}", s->to_string());
   else fmt::print(stderr, "baton: no model summary: {}\n", s.error().to_string());
@@ -339,6 +338,17 @@ int main(int argc, char** argv, const Registry& registry) {
   eval_cmd->add_option("--metric", eval_metrics, "A metric to compute besides the loss, repeatable: accuracy, f1, "
                        "confusion_matrix, ... (docs/metrics.md); default: accuracy and top5_accuracy")->delimiter(',');
 
+  PackArgs pack_args;
+  auto* pack_cmd = app.add_subcommand("pack", "A dataset of a curriculum as packed shards on disk, for training "
+                                              "from memory-mapped files (kind = \"shards\"; docs/data.md)");
+  pack_cmd->add_option("config", pack_args.config, "Curriculum file that defines the dataset")->required()->check(CLI::ExistingFile);
+  pack_cmd->add_option("data", pack_args.data, "Dataset name from its [datasets]")->required();
+  pack_cmd->add_option("-o,--output", pack_args.out, "Directory to create (must not exist)")->required();
+  pack_cmd->add_option("--records-per-shard", pack_args.records_per_shard, "Samples per shard file (default 65536)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  pack_cmd->add_flag("--float", pack_args.as_float, "Store image inputs as float32, not as 8-bit pixels");
+  pack_cmd->add_option("--set", pack_args.sets, "Override a value of the curriculum: path=value");
+
   ExportArgs export_args;
   auto* export_cmd = app.add_subcommand("export", "A saved state's weights as a state_dict file for Python "
                                                   "(model.load_state_dict(torch.load(FILE)); docs/interop.md), or "
@@ -396,6 +406,7 @@ int main(int argc, char** argv, const Registry& registry) {
     if (*eval_cmd) return evaluate(eval_state, eval_data, eval_config, eval_metrics, registry);
     if (*inspect_cmd) return inspect(inspect_path);
     if (*export_cmd) return export_weights(export_args, registry);
+    if (*pack_cmd) return pack(pack_args, registry);
     if (*predict_cmd) return predict(predict_args, registry);
     if (*report_cmd) return write_report(report_dirs, report_out);
   } catch (const std::exception& e) {  // I/O of logs and the like: say it and fail cleanly

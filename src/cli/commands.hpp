@@ -38,4 +38,14 @@ struct PredictArgs {
 };
 /// `baton predict`: the class of every input (CSV: input, class, name, probability).
 int predict(const PredictArgs& args, const Registry& registry);
+
+/// What `baton pack` is asked for.
+struct PackArgs {
+  std::string config, data, out;
+  std::vector<std::string> sets;
+  std::int64_t records_per_shard = 65536;
+  bool as_float = false;  ///< float32 inputs even for images
+};
+/// `baton pack`: a dataset of a curriculum written as packed shards (data::pack, docs/data.md).
+int pack(const PackArgs& args, const Registry& registry);
 }  // namespace baton::cli

@@ -85,17 +85,16 @@ Expected<ModelCard> Curriculum::model_card(const std::string& name) const {
     card.options = detail::to_params(*t, {"name", "init_from"}, "model", p);
     if (!p.empty()) return tl::unexpected(p.error());
   }
-  const auto shape = ds->inputs.sizes();
-  card.input_shape.assign(shape.begin() + 1, shape.end());
+  card.input_shape = ds->input_shape();
   // Bound datasets and other kinds: features, taken as they are.
   const auto* d = root["datasets"][name].as_table();
   const std::string kind = d && !impl_->doc->bound.count(name) ? (*d)["kind"].value<std::string>().value_or("") : "";
-  if (kind == "fashion-mnist" || kind == "idx") {
-    const data::ImageOptions image;  // the files give no mean or std: the defaults
+  if (kind == "fashion-mnist" || kind == "idx" || kind == "image_folder") {
+    const data::ImageOptions image;  // the kinds' defaults (image folders do not normalize unless asked)
     card.input = InputKind::image;
-    card.normalize = (*d)["normalize"].value<bool>().value_or(image.normalize);
-    card.mean = image.mean;
-    card.std = image.std;
+    card.normalize = (*d)["normalize"].value<bool>().value_or(kind != "image_folder" && image.normalize);
+    card.mean = (*d)["mean"].value<double>().value_or(image.mean);  // fashion-mnist takes none: the defaults
+    card.std = (*d)["std"].value<double>().value_or(image.std);
     if (kind == "fashion-mnist") card.classes = data::fashion_mnist_classes();
   } else if (kind == "csv") {
     std::filesystem::path path = (*d)["path"].value<std::string>().value_or("");

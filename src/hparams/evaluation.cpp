@@ -45,7 +45,7 @@ std::vector<std::string> evaluated_metrics(const TrainingSpec& spec) {
   const auto& es = spec.evaluation->spec;
   for (const auto& [set, ds] : es.sets) {
     known.push_back(set + "/loss");
-    const bool classes = ds.targets.defined() && ds.targets.scalar_type() == torch::kLong && ds.targets.dim() == 1;
+    const bool classes = ds.class_targets();
     for (const auto& m : es.metrics.empty() ? metric::defaults(classes ? MetricTargets::classes : MetricTargets::values)
                                             : es.metrics)
       if (m.scalar) known.push_back(set + "/" + m.name);

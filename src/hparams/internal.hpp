@@ -39,7 +39,7 @@ inline const std::vector<std::string> kRunOutputKeys = {"run_dir", "threads", "c
                                                         "tensorboard"};
 
 /// Stage keys that a stage inherits from earlier stages and [defaults].
-inline const std::vector<std::string> kInheritable = {"data", "batch_size", "shuffle", "drop_last", "loss",
+inline const std::vector<std::string> kInheritable = {"data", "batch_size", "shuffle", "drop_last", "workers", "prefetch", "loss",
                                                       "optimizer", "schedule", "clock", "grad_accum",
                                                       "clip_grad_norm", "clip_grad_value", "eval",
                                                       "algorithms", "callbacks", "on_non_finite",

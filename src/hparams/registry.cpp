@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "baton/hparams.hpp"
+#include "baton/images.hpp"
 #include "params_reader.hpp"
 
 namespace baton {
@@ -127,6 +128,37 @@ Expected<Dataset> load_synthetic(const Params& params) {
   return data::synthetic(o);
 }
 
+Expected<Dataset> load_image_folder(const Params& p) {
+  detail::ParamReader rd(p, "dataset");
+  data::ImageFolderOptions o;
+  auto path = [&](const char* key) {
+    const auto it = p.find(key);
+    return it != p.end() && std::holds_alternative<std::string>(it->second) ? std::get<std::string>(it->second) : std::string();
+  };
+  o.root = path("root"), o.list = path("list");
+  rd.seen("root"), rd.seen("list");
+  o.height = rd.whole("height", 0, 0, 65536), o.width = rd.whole("width", 0, 0, 65536);
+  o.channels = rd.whole("channels", 1, 1, 4);
+  o.scale.normalize = rd.flag("normalize", false), o.scale.mean = rd.number("mean", o.scale.mean), o.scale.std = rd.number("std", o.scale.std);
+  o.skip_corrupt = rd.flag("skip_corrupt", false);
+  if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
+  auto folder = data::image_folder(o);
+  if (!folder) return tl::unexpected(folder.error());
+  if (!folder->skipped.empty())  // counted, and said: the user asked for it, but should know
+    fmt::print(stderr, "baton: image folder {}: skipped {} file(s) that are not images stb can read (first: {})\n",
+               (o.root.empty() ? o.list : o.root).string(), folder->skipped.size(), folder->skipped.front().string());
+  return folder->dataset;
+}
+
+Expected<Dataset> load_shards(const Params& p) {
+  detail::ParamReader rd(p, "dataset");
+  data::ShardOptions o;
+  o.verify = rd.flag("verify", true);
+  const auto dir = p.find("dir");
+  if (dir == p.end() || !std::holds_alternative<std::string>(dir->second))
+    return fail(ErrorCode::invalid_argument, "dataset.dir: required (a directory written by `baton pack`)");
+  return data::shards(std::get<std::string>(dir->second), o);
+}
 }  // namespace
 
 Registry Registry::builtin() {
@@ -141,6 +173,12 @@ Registry Registry::builtin() {
                                    "idx: images, labels (MNIST-format files, plain or .gz)"};
   r.datasets["csv"] = DatasetEntry{{"path", "target", "header", "classification"}, load_csv,
                                    "csv: path, target (column name; default: the last), classification"};
+  r.datasets["image_folder"] = DatasetEntry{{"root", "list", "height", "width", "channels", "normalize", "mean", "std", "skip_corrupt"},
+                                            load_image_folder,
+                                            "image_folder: root (root/<class>/<image>) or list (path,label lines), height, width, "
+                                            "channels, normalize, mean, std, skip_corrupt"};
+  r.datasets["shards"] = DatasetEntry{{"dir", "verify"}, load_shards,
+                                      "shards: dir (packed shards written by `baton pack`), verify (checksums on opening)"};
   r.datasets["synthetic"] = DatasetEntry{{"samples", "features", "classes", "seed", "sample_seed"}, load_synthetic,
                                          "synthetic: samples, features, classes, seed (the task), sample_seed (Gaussian blobs)"};
   return r;

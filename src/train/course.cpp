@@ -46,8 +46,7 @@ void check_warmup(const TrainingSpec& spec, const TrainState& s, std::int64_t n)
 
 /// Classes of the training data: max label + 1 for int64 class labels, else 0.
 std::int64_t data_classes(const Dataset& d) {
-  if (!d.targets.defined() || d.targets.scalar_type() != torch::kLong || d.targets.dim() != 1 || d.targets.numel() == 0) return 0;
-  return d.targets.max().item<std::int64_t>() + 1;
+  return d.classes();
 }
 
 Error finished_error(const TrainState& s) {

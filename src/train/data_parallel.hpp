@@ -36,6 +36,11 @@ class DataParallel {
   /// the step in progress. `stop_requested`: this rank was asked to stop (all ranks will).
   std::pair<std::int64_t, std::int64_t> begin_step(std::int64_t take, std::int64_t batch, bool stop_requested);
 
+  /// This rank's (offset, size) of a global batch of `take` samples, without starting a step.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> shard(std::int64_t take) const {
+    return group_ ? group_->shard(take) : std::pair<std::int64_t, std::int64_t>{0, take};
+  }
+
   /// This rank's share of the step's global batch: its loss is scaled by it (1 without a group).
   [[nodiscard]] double weight() const { return weight_; }
 

@@ -9,7 +9,8 @@
 //                              epoch, apply model and optimizer carry-over; resolve groups, freeze
 //   while not (stage end, budget spent, run max reached, or a stop):
 //     [epoch_start]            order = epoch_order(size, seed, epoch)         (cached per epoch)
-//     [batch_start]            batch = data[order[sample_in_epoch : +batch_size]]  (a rank's shard)
+//     [batch_start]            batch = data[order[sample_in_epoch : +batch_size]]  (a rank's shard;
+//                              made ahead by spec.data.workers threads: feed.hpp)
 //     [after_data]             algorithms: after_data(batch) -> batch   (augmentation, MixUp, ...)
 //                              lr = group lr * schedule(time on the run's or the stage's clock)
 //     for each microbatch (grad_accum):
@@ -39,6 +40,7 @@
 #include "train/carry.hpp"
 #include "train/course.hpp"
 #include "train/data_parallel.hpp"
+#include "train/feed.hpp"
 #include "train/observers.hpp"
 #include "train/precision.hpp"
 #include "train/step.hpp"
@@ -51,7 +53,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
   auto transfer = detail::begin_stage(spec, s);
   const detail::Course course = detail::Course::make(spec, s, budget);
   if (!spec.device.is_cpu()) s.model.module->to(spec.device);
-  detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, course.data.inputs));
+  detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, course.data.input_shape().size() + 1));
   const detail::DeterministicScope deterministic(spec.deterministic);
   std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
   detail::FreezeScope frozen(spec, *s.model.module);
@@ -61,6 +63,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
   detail::RngStream rng(s.rng);
   detail::DataParallel dp(spec.distributed.get());
   dp.start(s, course.n, course.batch_size, course.data_seed);
+  detail::Feed feed(spec, course, [&dp](std::int64_t take) { return dp.shard(take); }, s.max_duration);
   detail::Observers obs(spec, s, course, rng, dp, std::move(transfer));
   {
     const auto held = rng.hold();
@@ -76,8 +79,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
     if (spec.device.is_cuda()) detail::seed_device_generator(spec.device);  // dropout on the GPU: from the run's stream
     const std::int64_t take = std::min(course.batch_size, course.n - t.sample_in_epoch);
     const auto [offset, size] = dp.begin_step(take, t.batch, obs.local_stop());  // this rank's shard
-    const auto index = course.indices(s, spec.data.shuffle, offset, size);
-    Batch batch{course.data.inputs.index_select(0, index), course.data.targets.index_select(0, index)};
+    Batch batch = feed.next(s, take, offset, size);
     if (!spec.device.is_cpu()) batch = {batch.inputs.to(spec.device, true), batch.targets.to(spec.device, true)};
     const Timestamp before = t;
     const AlgorithmContext actx = obs.context(before);

@@ -81,20 +81,20 @@ AutocastScope::~AutocastScope() {
   set_autocast_dtype(type_, was_dtype_);
 }
 
-bool use_channels_last(MemoryFormat format, const torch::Tensor& inputs) {
+bool use_channels_last(MemoryFormat format, std::int64_t batch_dims) {
   switch (format) {
     // automatic is baton's measured choice. Today the default layout: channels_last trained
     // small_cnn at 0.95x on the 2-core CPU (0.96x in bf16 against bf16 NCHW) and 0.97x on an H200
     // (benchmarks/README.md), so it is no default yet; revisit with larger conv models.
     case MemoryFormat::automatic:
     case MemoryFormat::contiguous: return false;
-    case MemoryFormat::channels_last: return inputs.defined() && inputs.dim() == 4;
+    case MemoryFormat::channels_last: return batch_dims == 4;
   }
   return false;
 }
 
 torch::Tensor in_layout(const torch::Tensor& inputs, MemoryFormat format) {
-  if (!use_channels_last(format, inputs)) return inputs;
+  if (!inputs.defined() || !use_channels_last(format, inputs.dim())) return inputs;
   return inputs.contiguous(at::MemoryFormat::ChannelsLast);
 }
 

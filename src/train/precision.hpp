@@ -34,7 +34,7 @@ class AutocastScope {
 };
 
 /// True when a fit on these training inputs runs in channels_last.
-bool use_channels_last(MemoryFormat format, const torch::Tensor& inputs);
+bool use_channels_last(MemoryFormat format, std::int64_t batch_dims);
 /// A batch's inputs in the fit's layout (4-D inputs only; others as they are).
 torch::Tensor in_layout(const torch::Tensor& inputs, MemoryFormat format);
 

@@ -1,0 +1,182 @@
+// Image folders (images.hpp): the files are listed and their headers checked when opening;
+// batches decode them (stb_image), resize (stb_image_resize) and scale them.
+#include <algorithm>
+#include <cstring>
+#include <cctype>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <stb/stb_image.h>
+#include <stb/stb_image_resize.h>
+#include <torch/torch.h>
+
+#include "baton/images.hpp"
+#include "data_internal.hpp"
+#include "detail.hpp"
+#include "io.hpp"
+
+namespace baton::data {
+namespace {
+namespace fs = std::filesystem;
+
+struct Item {
+  fs::path file;
+  std::int64_t label;
+};
+
+bool image_name(const fs::path& p) {
+  auto ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::set<std::string> known = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".pgm", ".ppm", ".pnm"};
+  return known.count(ext) > 0;
+}
+
+Expected<std::vector<Item>> from_root(const fs::path& root, std::vector<std::string>& classes) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return fail(ErrorCode::io, fmt::format("{}: not a directory (the image folder's root)", root.string()));
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.is_directory()) classes.push_back(e.path().filename().string());
+  std::sort(classes.begin(), classes.end());
+  std::vector<Item> items;
+  for (std::size_t c = 0; c < classes.size(); ++c) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(root / classes[c], ec))
+      if (e.is_regular_file() && image_name(e.path())) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (auto& f : files) items.push_back({std::move(f), static_cast<std::int64_t>(c)});
+  }
+  if (ec) return fail(ErrorCode::io, fmt::format("{}: cannot list: {}", root.string(), ec.message()));
+  return items;
+}
+
+Expected<std::vector<Item>> from_list(const fs::path& list, std::vector<std::string>& classes) {
+  if (auto ok = detail::check_regular_file(list, "image list"); !ok) return tl::unexpected(ok.error());
+  std::ifstream in(list);
+  std::vector<std::pair<fs::path, std::string>> rows;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const auto cut = line.find_last_of(",\t");
+    if (cut == std::string::npos || cut == 0 || cut + 1 == line.size())
+      return fail(ErrorCode::data, fmt::format("{}:{}: expected path,label, got \"{}\"", list.string(), n, line));
+    const auto path = line.substr(0, cut), label = line.substr(cut + 1);
+    if (n == 1 && label == "label") continue;  // the header
+    rows.emplace_back(list.parent_path() / path, label);
+  }
+  if (rows.empty()) return fail(ErrorCode::data, fmt::format("{}: no images listed", list.string()));
+  const bool numeric = std::all_of(rows.begin(), rows.end(), [](const auto& r) {
+    return r.second.size() < 10 && std::all_of(r.second.begin(), r.second.end(), [](unsigned char c) { return std::isdigit(c); });
+  });
+  std::map<std::string, std::int64_t> index;
+  if (numeric) {
+    std::int64_t top = 0;
+    for (const auto& r : rows) top = std::max<std::int64_t>(top, std::stoll(r.second));
+    for (std::int64_t k = 0; k <= top; ++k) classes.push_back(std::to_string(k));
+  } else {
+    for (const auto& r : rows) index[r.second] = 0;
+    for (auto& [name, k] : index) k = static_cast<std::int64_t>(classes.size()), classes.push_back(name);
+  }
+  std::vector<Item> items;
+  for (auto& [path, label] : rows) items.push_back({std::move(path), numeric ? std::stoll(label) : index[label]});
+  return items;
+}
+
+class ImageSource final : public Source {
+ public:
+  ImageSource(std::vector<Item> items, std::int64_t classes, const ImageFolderOptions& o, int h, int w)
+      : items_(std::move(items)), classes_(classes), o_(o), h_(h), w_(w) {}
+  std::int64_t size() const override { return static_cast<std::int64_t>(items_.size()); }
+  std::vector<std::int64_t> input_shape() const override { return {o_.channels, h_, w_}; }
+  std::int64_t classes() const override { return classes_; }
+
+  Expected<Batch> batch(const torch::Tensor& indices, const SampleContext&) const override {
+    const auto idx = indices.to(torch::kLong).contiguous();
+    const std::int64_t n = idx.size(0);
+    const int c = static_cast<int>(o_.channels);
+    auto hwc = torch::empty({n, h_, w_, c}, torch::kUInt8);
+    auto y = torch::empty({n}, torch::kLong);
+    const auto* ip = idx.data_ptr<std::int64_t>();
+    auto* yp = y.data_ptr<std::int64_t>();
+    auto* xp = hwc.data_ptr<unsigned char>();
+    const std::size_t bytes = static_cast<std::size_t>(h_) * w_ * c;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = ip[i];
+      if (k < 0 || k >= size()) return fail(ErrorCode::data, fmt::format("sample {} is out of range (0 to {})", k, size() - 1));
+      const Item& it = items_[static_cast<std::size_t>(k)];
+      if (auto ok = decode(it.file, xp + static_cast<std::size_t>(i) * bytes); !ok)
+        return tl::unexpected(ok.error().with_context(fmt::format("sample {}", k)));
+      yp[i] = it.label;
+    }
+    // clone: with one channel the permuted view counts as contiguous but keeps NHWC strides, which
+    // LibTorch's convolutions then take for channels_last (other kernels, other bits).
+    auto chw = hwc.permute({0, 3, 1, 2}).clone(at::MemoryFormat::Contiguous);
+    return Batch{detail::scale_pixels(chw, o_.scale.normalize, o_.scale.mean, o_.scale.std), std::move(y)};
+  }
+
+ private:
+  /// One file into `out` (h x w x channels bytes).
+  Expected<void> decode(const fs::path& file, unsigned char* out) const {
+    int w = 0, h = 0, n = 0;
+    const int c = static_cast<int>(o_.channels);
+    unsigned char* px = stbi_load(file.c_str(), &w, &h, &n, c);
+    if (!px) return fail(ErrorCode::data, fmt::format("{}: cannot decode the image: {}", file.string(), stbi_failure_reason()));
+    bool ok = true;
+    if (w == w_ && h == h_) std::memcpy(out, px, static_cast<std::size_t>(w) * h * c);
+    else if (o_.height > 0) ok = stbir_resize_uint8(px, w, h, 0, out, w_, h_, 0, c) == 1;
+    else ok = false;
+    stbi_image_free(px);
+    if (!ok)
+      return fail(ErrorCode::data, fmt::format("{}: a {}x{} image where the folder's are {}x{}{}", file.string(), w, h, w_, h_,
+                                               o_.height > 0 ? " (resizing failed)" : "; set height and width to resize"));
+    return {};
+  }
+
+  std::vector<Item> items_;
+  std::int64_t classes_;
+  ImageFolderOptions o_;
+  int h_, w_;
+};
+}  // namespace
+
+Expected<ImageFolder> image_folder(const ImageFolderOptions& o) {
+  if (o.root.empty() == o.list.empty())
+    return fail(ErrorCode::invalid_argument, "image_folder: give either root (root/<class>/<image>) or list (path,label lines)");
+  if (o.channels != 1 && o.channels != 3 && o.channels != 4)
+    return fail(ErrorCode::invalid_argument, fmt::format("image_folder: channels must be 1, 3 or 4, got {}", o.channels));
+  if ((o.height > 0) != (o.width > 0) || o.height < 0 || o.width < 0 || o.height > 65536 || o.width > 65536)
+    return fail(ErrorCode::invalid_argument, fmt::format("image_folder: height and width ({} x {}) must both be in [1, 65536], or both 0",
+                                                         o.height, o.width));
+  if (o.scale.normalize && !(o.scale.std > 0))
+    return fail(ErrorCode::invalid_argument, fmt::format("image_folder: std must be > 0, got {}", o.scale.std));
+  ImageFolder out;
+  auto items = o.root.empty() ? from_list(o.list, out.classes) : from_root(o.root, out.classes);
+  if (!items) return tl::unexpected(items.error());
+  const auto where = o.root.empty() ? o.list : o.root;
+  std::vector<Item> kept;
+  int h = static_cast<int>(o.height), w = static_cast<int>(o.width);
+  for (auto& it : *items) {
+    int iw = 0, ih = 0, n = 0;
+    if (!stbi_info(it.file.c_str(), &iw, &ih, &n)) {
+      if (o.skip_corrupt) {
+        out.skipped.push_back(it.file);
+        continue;
+      }
+      return fail(ErrorCode::data, fmt::format("{}: not an image stb can read ({}); fix or remove it, or set skip_corrupt",
+                                               it.file.string(), stbi_failure_reason()));
+    }
+    if (h == 0) h = ih, w = iw;
+    else if (o.height == 0 && (ih != h || iw != w))
+      return fail(ErrorCode::data, fmt::format("{}: a {}x{} image where the first is {}x{}; set height and width to resize",
+                                               it.file.string(), iw, ih, w, h));
+    kept.push_back(std::move(it));
+  }
+  if (kept.empty()) return fail(ErrorCode::data, fmt::format("{}: no images{}", where.string(), out.skipped.empty() ? "" : " that stb can read"));
+  const auto classes = static_cast<std::int64_t>(out.classes.size());
+  out.dataset = make_dataset(std::make_shared<ImageSource>(std::move(kept), classes, o, h, w), where.filename().string());
+  return out;
+}
+
+}  // namespace baton::data

@@ -1,0 +1,142 @@
+// Image folders (#18 item 3): root/<class>/<image> and path,label lists, decoded in the loop's
+// workers, checked against the tensors they were written from.
+#include <fstream>
+
+#include <baton/images.hpp>
+#include <fmt/format.h>
+#include <stb/stb_image_write.h>
+
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// The first `n` Fashion-MNIST test images written as PNG files root/c<label>/<index>.png, and
+/// the samples in the folder's order (by class directory, then by name).
+baton::Dataset write_folder(const fs::path& root, std::int64_t n) {
+  auto raw = baton::data::read_idx(baton::data::fashion_mnist_dir / "t10k-images-idx3-ubyte.gz");
+  auto labels = baton::data::fashion_mnist(baton::Split::test);
+  REQUIRE(raw.has_value());
+  REQUIRE(labels.has_value());
+  const auto pixels = raw->narrow(0, 0, n).contiguous();
+  const auto y = labels->targets.narrow(0, 0, n);
+  std::vector<std::int64_t> order;
+  for (std::int64_t c = 0; c < 10; ++c)
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (y[i].item<std::int64_t>() != c) continue;
+      fs::create_directories(root / fmt::format("c{}", c));
+      REQUIRE(stbi_write_png((root / fmt::format("c{}", c) / fmt::format("{:05d}.png", i)).c_str(), 28, 28, 1,
+                             pixels[i].data_ptr<unsigned char>(), 28) != 0);
+      order.push_back(i);
+    }
+  const auto idx = torch::tensor(order, torch::kLong);
+  return *baton::make_dataset(labels->inputs.narrow(0, 0, n).index_select(0, idx), y.index_select(0, idx), "expected");
+}
+
+baton::data::ImageFolderOptions fashion_like(const fs::path& root) {
+  baton::data::ImageFolderOptions o;
+  o.root = root;
+  o.scale = baton::data::ImageOptions{};  // Fashion-MNIST's normalization, as data::fashion_mnist
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("an image folder generated from Fashion-MNIST round-trips to the same tensors", "[image_folder]") {
+  test::TempDir dir;
+  const auto expected = write_folder(dir.path / "root", 400);
+  auto folder = baton::data::image_folder(fashion_like(dir.path / "root"));
+  if (!folder) FAIL(folder.error().to_string());
+  REQUIRE(folder->classes.size() == 10);
+  REQUIRE(folder->classes.front() == "c0");
+  REQUIRE(folder->dataset.lazy());
+  REQUIRE(folder->dataset.size() == 400);
+  REQUIRE(folder->dataset.input_shape() == std::vector<std::int64_t>{1, 28, 28});
+  auto back = baton::data::materialize(folder->dataset);
+  REQUIRE(back.has_value());
+  REQUIRE(torch::equal(back->inputs, expected.inputs));
+  REQUIRE(torch::equal(back->targets, expected.targets));
+
+  // Trained with 2 workers decoding: the bits of the in-memory tensors.
+  auto spec = test::spec(expected, baton::Time::epochs(1));
+  auto state = [] {
+    return *baton::init_state(baton::models::small_cnn({.channels1 = 4, .channels2 = 8, .hidden = 16}),
+                              {.seed = 5, .max_duration = baton::Time::epochs(1)});
+  };
+  const auto a = test::ok(baton::fit(spec, state()));
+  auto d = spec.data;
+  d.train = folder->dataset;
+  test::require_same_bits(a, test::ok(baton::fit(spec.with_data(d), state())));
+  d.workers = 2;
+  test::require_same_bits(a, test::ok(baton::fit(spec.with_data(d), state())));
+}
+
+TEST_CASE("an image list of path,label lines, and resizing to a fixed size", "[image_folder]") {
+  test::TempDir dir;
+  const auto expected = write_folder(dir.path / "root", 60);
+  {
+    std::ofstream list(dir.path / "list.csv");
+    list << "path,label\n";
+    for (const auto& c : fs::directory_iterator(dir.path / "root"))
+      for (const auto& f : fs::directory_iterator(c.path()))
+        list << "root/" << c.path().filename().string() << "/" << f.path().filename().string() << ","
+             << c.path().filename().string() << "\n";
+  }
+  baton::data::ImageFolderOptions o = fashion_like({});
+  o.list = dir.path / "list.csv";
+  auto folder = baton::data::image_folder(o);
+  if (!folder) FAIL(folder.error().to_string());
+  REQUIRE(folder->dataset.size() == 60);
+  REQUIRE(folder->classes.front() == "c0");
+  auto rows = baton::data::materialize(folder->dataset);
+  // the same samples (the list's order is the directory listing's): compare as sorted sums per class
+  for (std::int64_t c = 0; c < 10; ++c) {
+    const auto a = rows->inputs.index_select(0, rows->targets.eq(c).nonzero().squeeze(1)).sum();
+    const auto b = expected.inputs.index_select(0, expected.targets.eq(c).nonzero().squeeze(1)).sum();
+    REQUIRE(a.item<double>() == Approx(b.item<double>()).epsilon(1e-6));
+  }
+  o.height = 14, o.width = 20;
+  auto small = baton::data::image_folder(o);
+  REQUIRE(small.has_value());
+  REQUIRE(small->dataset.input_shape() == std::vector<std::int64_t>{1, 14, 20});
+  REQUIRE(small->dataset.range(0, 5)->inputs.sizes() == torch::IntArrayRef({5, 1, 14, 20}));
+}
+
+TEST_CASE("a corrupt image is a clear error, or skipped and counted when asked", "[image_folder]") {
+  test::TempDir dir;
+  write_folder(dir.path / "root", 40);
+  std::ofstream(dir.path / "root" / "c3" / "broken.png") << "this is not a PNG file";
+  auto r = baton::data::image_folder(fashion_like(dir.path / "root"));
+  REQUIRE_FALSE(r.has_value());
+  INFO(r.error().message);
+  REQUIRE(r.error().message.find("broken.png: not an image stb can read") != std::string::npos);
+  auto o = fashion_like(dir.path / "root");
+  o.skip_corrupt = true;
+  auto skipped = baton::data::image_folder(o);
+  REQUIRE(skipped.has_value());
+  REQUIRE(skipped->dataset.size() == 40);
+  REQUIRE(skipped->skipped.size() == 1);
+  // A file whose header reads but whose data is cut: its batch fails, naming the file and the sample.
+  const auto victim = *fs::directory_iterator(dir.path / "root" / "c0");
+  fs::resize_file(victim.path(), 60);
+  fs::remove(dir.path / "root" / "c3" / "broken.png");
+  auto folder = baton::data::image_folder(fashion_like(dir.path / "root"));
+  REQUIRE(folder.has_value());
+  auto spec = test::spec(folder->dataset, baton::Time::epochs(1));
+  auto d = spec.data;
+  d.workers = 2;
+  auto fit = baton::fit(spec.with_data(d), *baton::init_state(baton::models::small_cnn(), {.seed = 5, .max_duration = baton::Time::epochs(1)}));
+  REQUIRE_FALSE(fit.has_value());
+  const auto msg = fit.error().to_string();
+  INFO(msg);
+  REQUIRE(msg.find(victim.path().filename().string() + ": cannot decode the image") != std::string::npos);
+  REQUIRE(msg.find("sample ") != std::string::npos);
+  // And images of different sizes need height and width.
+  std::vector<unsigned char> big(30 * 30, 7);
+  REQUIRE(stbi_write_png((dir.path / "root" / "c1" / "zz-big.png").c_str(), 30, 30, 1, big.data(), 30) != 0);
+  auto mixed = baton::data::image_folder(fashion_like(dir.path / "root"));
+  REQUIRE_FALSE(mixed.has_value());
+  REQUIRE(mixed.error().message.find("zz-big.png: a 30x30 image where the first is 28x28; set height and width") !=
+          std::string::npos);
+}
