@@ -14,6 +14,9 @@
 //   cnn_bf16_nchw ... speedup=<x/y>       bf16 autocast in NCHW (which layout bf16 wants)
 //   cnn_loaded idle_samples_per_s=<a> loaded_samples_per_s=<b> ratio_to_idle=<b/a>
 //                                         baton's defaults with a process busy on one core
+//   stream_shards shards_samples_per_s=<a> in_memory_samples_per_s=<b> ratio=<a/b> same_bits=<bool>
+//                                         the CNN from packed shards on disk with 2 workers (#18)
+//   image_folder samples_per_s=<x>        PNGs decoded by 2 threads (an image folder's workers)
 //   many_fits baton_1000_fits_s=<a> baton_one_fit_s=<b> ratio=<a/b>        (target: <= 1.10)
 //   naive_cnn baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y>
 //
@@ -62,6 +65,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <thread>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -71,6 +76,8 @@
 #include <vector>
 
 #include <baton/baton.hpp>
+#include <baton/images.hpp>
+#include <stb/stb_image_write.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <torch/torch.h>
@@ -128,13 +135,13 @@ struct Options {
 
 void usage(std::FILE* f) {
   fmt::print(f,
-             "usage: bench_fit [--smoke] [--case cnn|cnn_channels_last|cnn_bf16|cnn_bf16_nchw|cnn_loaded|mlp|tiny|many_fits|naive_cnn] "
+             "usage: bench_fit [--smoke] [--case cnn|cnn_channels_last|cnn_bf16|cnn_bf16_nchw|cnn_loaded|stream_shards|image_folder|mlp|tiny|many_fits|naive_cnn] "
              "[--reps N] [--batches N] [--device cpu|cuda] [--threads N]\n");
 }
 
 std::optional<Options> parse_args(int argc, char** argv) {
   Options o;
-  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16", "cnn_bf16_nchw", "cnn_loaded"};
+  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16", "cnn_bf16_nchw", "cnn_loaded", "stream_shards", "image_folder"};
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::optional<std::string> {
@@ -433,6 +440,93 @@ void run_cnn_loaded(const baton::Dataset& data, const Settings& s) {
   std::fflush(stdout);
 }
 
+/// The CNN trained from packed shards on disk (8-bit pixels, read with pread) with 2 workers,
+/// against the same CNN on the in-memory dataset, interleaved; both sides train the same bits.
+void run_stream_shards(const baton::Dataset& data, const Settings& s) {
+  const std::int64_t steps = s.batches ? *s.batches : (s.smoke ? 3 : 100);
+  char tmpl[] = "/tmp/bench-shards-XXXXXX";
+  const char* made = ::mkdtemp(tmpl);
+  if (made == nullptr) die("mkdtemp", baton::Error{baton::ErrorCode::io, std::strerror(errno), {}});
+  const std::filesystem::path dir = made;
+  const bool pixels = data.name.rfind("fashion-mnist", 0) == 0;  // the synthetic stand-in is not pixels
+  const auto t0 = Clock::now();
+  auto packed = baton::data::pack(data, dir / "train", {.pixels = pixels ? std::optional(baton::data::ImageOptions{}) : std::nullopt});
+  if (!packed) die("pack", packed.error());
+  const double pack_s = seconds_since(t0);
+  auto shards = baton::data::shards(dir / "train");
+  if (!shards) die("shards", shards.error());
+  auto spec = make_spec("stream_shards", data, kCnnBatch).with_memory_format(baton::MemoryFormat::contiguous);
+  auto on_disk = spec.with_train_data(*shards);
+  auto dd = on_disk.data;
+  dd.workers = std::getenv("BATON_BENCH_WORKERS") ? std::atoi(std::getenv("BATON_BENCH_WORKERS")) : 2;  // as #18 asks
+  BatonSide mem(spec, fresh_state(baton::models::small_cnn()));
+  BatonSide disk(on_disk.with_data(dd), fresh_state(baton::models::small_cnn()));
+  mem.train(s.warmup);
+  disk.train(s.warmup);
+  std::vector<double> mem_sps, disk_sps;
+  for (int r = 0; r < s.reps; ++r) {
+    const auto [dn, dt] = disk.train(steps);
+    disk_sps.push_back(static_cast<double>(dn) / dt);
+    const auto [mn, mt] = mem.train(steps);
+    mem_sps.push_back(static_cast<double>(mn) / mt);
+  }
+  const bool same = baton::bitwise_equal(mem.state(), disk.state());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // made above
+  const double x = median(disk_sps), y = median(mem_sps);
+  fmt::print("stream_shards shards_samples_per_s={:.1f} in_memory_samples_per_s={:.1f} ratio={:.3f} same_bits={} "
+             "peak_rss_mb={:.1f}\n", x, y, x / y, same, peak_rss_mb());
+  fmt::print("#   stream_shards: small_cnn, batch {}, {} x {} batches per side; {} shards ({:.1f} MB, {}) packed in {:.1f} s; "
+             "{} workers; per-rep samples/s shards [{:.1f}] in memory [{:.1f}]\n",
+             kCnnBatch, s.reps, steps, packed->shards, static_cast<double>(packed->bytes) / 1e6,
+             pixels ? "8-bit pixels" : "float32", pack_s, dd.workers, fmt::join(disk_sps, ", "), fmt::join(mem_sps, ", "));
+  std::fflush(stdout);
+  if (!same) die("stream_shards", baton::Error{baton::ErrorCode::runtime, "shards and memory trained different bits", {}});
+}
+
+/// Decoding an image folder of PNGs (Fashion-MNIST's first training images, written here): two
+/// threads each making batches of 128 from its half, as two data workers do.
+void run_image_folder(const Settings& s) {
+  const std::int64_t n = s.smoke ? 256 : 4096;
+  auto raw = baton::data::read_idx(baton::data::fashion_mnist_dir / "train-images-idx3-ubyte.gz");
+  auto labels = baton::data::read_idx(baton::data::fashion_mnist_dir / "train-labels-idx1-ubyte.gz");
+  if (!raw || !labels) {
+    fmt::print("# image_folder: skipped, Fashion-MNIST is not installed\n");
+    return;
+  }
+  char tmpl[] = "/tmp/bench-images-XXXXXX";
+  const char* made = ::mkdtemp(tmpl);
+  if (made == nullptr) die("mkdtemp", baton::Error{baton::ErrorCode::io, std::strerror(errno), {}});
+  const std::filesystem::path dir = made;
+  const auto px = raw->narrow(0, 0, n).contiguous();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto cls = dir / fmt::format("{}", (*labels)[i].item<int>());
+    std::filesystem::create_directories(cls);
+    if (stbi_write_png((cls / fmt::format("{:05d}.png", i)).c_str(), 28, 28, 1, px[i].data_ptr<unsigned char>(), 28) == 0)
+      die("stbi_write_png", baton::Error{baton::ErrorCode::io, "cannot write a PNG", {}});
+  }
+  auto folder = baton::data::image_folder({.root = dir});
+  if (!folder) die("image_folder", folder.error());
+  std::vector<double> rates;
+  for (int r = 0; r < std::max(s.reps, 1); ++r) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> workers;
+    for (std::int64_t w = 0; w < 2; ++w)
+      workers.emplace_back([&, w] {
+        for (std::int64_t i = w * n / 2; i < (w + 1) * n / 2; i += kCnnBatch)
+          if (!folder->dataset.range(i, std::min(kCnnBatch, (w + 1) * n / 2 - i))) std::abort();
+      });
+    for (auto& t : workers) t.join();
+    rates.push_back(static_cast<double>(n) / seconds_since(t0));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // made above
+  fmt::print("image_folder samples_per_s={:.1f}\n", median(rates));
+  fmt::print("#   image_folder: {} 28x28 grey PNGs decoded (stb_image) and scaled, 2 threads, batches of {}; per-rep [{:.1f}]\n",
+             n, kCnnBatch, fmt::join(rates, ", "));
+  std::fflush(stdout);
+}
+
 void run_many_fits(const baton::Dataset& data, const Settings& s) {
   const std::int64_t fits = s.batches ? *s.batches : (s.smoke ? 50 : 1000);
   const auto spec = make_spec("many_fits", data, 128);
@@ -670,6 +764,8 @@ int main(int argc, char** argv) {
   for (const auto& c : cnn_cases)
     if (wanted(c.name)) run_pair_case(c, data, settings);
   if (wanted("cnn_loaded")) run_cnn_loaded(data, settings);
+  if (wanted("stream_shards")) run_stream_shards(data, settings);
+  if (wanted("image_folder")) run_image_folder(settings);
   bool ok = true;
   if (wanted("naive_cnn")) ok = run_naive_cnn(settings);
   return ok ? 0 : 1;
