@@ -264,9 +264,12 @@ class ShardSource final : public Source {
 
 std::vector<std::int64_t> shape_of(const json& j, const char* what) {
   auto v = j.get<std::vector<std::int64_t>>();
-  for (auto d : v)
+  std::int64_t elems = 1;  // checked as it grows: no overflow
+  for (auto d : v) {
     if (d < 1 || d > (std::int64_t{1} << 31)) throw std::runtime_error(fmt::format("{}: a dimension of {} is outside [1, 2^31]", what, d));
-  if (Layout::product(v) > (std::int64_t{1} << 31)) throw std::runtime_error(fmt::format("{}: more than 2^31 elements", what));
+    elems *= d;
+    if (elems > (std::int64_t{1} << 31)) throw std::runtime_error(fmt::format("{}: more than 2^31 elements", what));
+  }
   return v;
 }
 
@@ -305,6 +308,9 @@ Manifest read_manifest(const json& j) {
   if (j.at("record_bytes").get<std::int64_t>() != m.l.record_bytes())
     throw std::runtime_error(fmt::format("record_bytes {} does not match input and target ({})", j.at("record_bytes").dump(), m.l.record_bytes()));
   if (m.samples < 1 || m.per_shard < 1 || m.l.num_classes < 0) throw std::runtime_error("samples and records_per_shard must be >= 1, classes >= 0");
+  // Bounded so that every byte offset fits in 63 bits (a file is outside input: no overflow).
+  if (m.samples > (std::int64_t{1} << 62) / m.l.record_bytes())
+    throw std::runtime_error(fmt::format("samples ({}) times record_bytes ({}) is beyond 2^62 bytes", m.samples, m.l.record_bytes()));
   for (const auto& s : j.at("shards")) {
     const auto file = s.at("file").get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file[0] == '.')
