@@ -1,6 +1,7 @@
 // Data-parallel training on c10d (data_parallel.hpp).
 #include "train/data_parallel.hpp"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -86,29 +87,36 @@ void DataParallel::finish() {
 }
 
 void DataParallel::plan_buckets(const std::vector<Slot>& slots) {
-  // In reverse parameter order, the order backward produces gradients in; one dtype per bucket.
-  buckets_.clear();
-  bucket_of_.assign(slots.size(), 0);
-  for (std::size_t k = slots.size(); k-- > 0;) {
+  // Planned from the model's first parameters, whose gradients backward produces last: the
+  // bucket that can only go out after backward is kept small (kLastBucketBytes), the others hold
+  // up to kBucketBytes; one dtype per bucket. They go out in the order backward fills them.
+  std::vector<Bucket> planned;
+  for (std::size_t k = 0; k < slots.size(); ++k) {
     const auto& p = slots[k].param;
     const std::int64_t size = p.numel() * static_cast<std::int64_t>(p.element_size());
-    if (buckets_.empty() || buckets_.back().type != p.scalar_type() ||
-        (!buckets_.back().members.empty() && buckets_.back().bytes + size > kBucketBytes))
-      buckets_.push_back(Bucket{p.scalar_type()});
-    buckets_.back().members.push_back(k);
-    buckets_.back().bytes += size;
-    bucket_of_[k] = buckets_.size() - 1;
+    const std::int64_t cap = planned.size() <= 1 ? kLastBucketBytes : kBucketBytes;
+    if (planned.empty() || planned.back().type != p.scalar_type() ||
+        (!planned.back().members.empty() && planned.back().bytes + size > cap))
+      planned.push_back(Bucket{p.scalar_type()});
+    planned.back().members.push_back(k);
+    planned.back().bytes += size;
+  }
+  buckets_.assign(planned.rbegin(), planned.rend());
+  bucket_of_.assign(slots.size(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    std::reverse(buckets_[b].members.begin(), buckets_[b].members.end());
+    for (const std::size_t k : buckets_[b].members) bucket_of_[k] = b;
   }
 }
 
-void DataParallel::arm(std::vector<Slot>& slots) {
+void DataParallel::arm(std::vector<Slot>& slots, double weighted_loss) {
   if (!group_) return;
   if (bucket_of_.size() != slots.size()) plan_buckets(slots);
   slots_ = &slots;
   grads_.assign(slots.size(), torch::Tensor());
-  has_grad_.assign(slots.size(), false);
   for (auto& b : buckets_) b.ready = 0, b.launched = false;
   next_ = 0;
+  launch_meta(weighted_loss, false);  // known before backward: it goes out first, hidden by backward
   hooks_.clear();
   for (std::size_t k = 0; k < slots.size(); ++k) {
     if (!slots[k].param.requires_grad()) {  // backward gives it nothing: its place is ready now
@@ -133,12 +141,16 @@ void DataParallel::launch(std::size_t b) {
   torch::NoGradGuard no_grad;
   Bucket& bucket = buckets_[b];
   std::vector<torch::Tensor> parts;
+  // After the gradients, one element per member: 1 where this rank has a gradient for it. The
+  // sum is positive where some rank has one (exact enough in any float type: only > 0 matters).
+  std::vector<float> has_grad;
   for (const std::size_t k : bucket.members) {
     const auto& p = (*slots_)[k].param;
     torch::Tensor g = grads_[k].defined() ? grads_[k] : p.grad();  // not armed: after backward
-    has_grad_[k] = g.defined();
+    has_grad.push_back(g.defined() ? 1.0F : 0.0F);
     parts.push_back(g.defined() ? g.reshape({-1}) : torch::zeros({p.numel()}, p.options()));
   }
+  parts.push_back(torch::tensor(has_grad).to(bucket.type));
   bucket.flat = torch::cat(parts);
   bucket.launched = true;
   if (auto ok = group_->start_all_reduce(bucket.flat, Distributed::Op::sum, what_); !ok && !failed_) failed_ = ok.error();
@@ -158,6 +170,12 @@ DataParallel::~DataParallel() {
   }
 }
 
+void DataParallel::launch_meta(double weighted_loss, bool non_finite) {
+  meta_ = torch::tensor(std::vector<double>{weighted_loss, non_finite ? 1.0 : 0.0, stop_requested_ ? 1.0 : 0.0},
+                        torch::kDouble);
+  if (auto ok = group_->start_all_reduce(meta_, Distributed::Op::sum, what_); !ok && !failed_) failed_ = ok.error();
+}
+
 std::pair<double, bool> DataParallel::reduce(std::vector<Slot>& slots, double weighted_loss, bool non_finite) {
   if (!group_) return {weighted_loss, non_finite};
   torch::NoGradGuard no_grad;
@@ -166,31 +184,29 @@ std::pair<double, bool> DataParallel::reduce(std::vector<Slot>& slots, double we
   if (slots_ != &slots) {  // not armed this step (no backward here: an empty shard or a non-finite loss)
     slots_ = &slots;
     grads_.assign(slots.size(), torch::Tensor());
-    has_grad_.assign(slots.size(), false);
     for (auto& b : buckets_) b.launched = false;
     next_ = 0;
+    launch_meta(weighted_loss, non_finite);  // first, as an armed rank sent it
   }
   while (next_ < buckets_.size()) launch(next_++);  // the rest (unused parameters, ...)
-  const std::size_t n = slots.size();
-  auto meta = torch::zeros({static_cast<std::int64_t>(n) + 3}, torch::kDouble);
-  double* m = meta.data_ptr<double>();
-  m[0] = weighted_loss, m[1] = non_finite ? 1 : 0, m[2] = stop_requested_ ? 1 : 0;
-  for (std::size_t k = 0; k < n; ++k) m[3 + k] = has_grad_[k] ? 1 : 0;
-  if (auto ok = group_->start_all_reduce(meta, Distributed::Op::sum, what_); !ok && !failed_) failed_ = ok.error();
   auto done = group_->finish_all_reduces(what_);
   if (failed_) throw BatonException(*std::exchange(failed_, std::nullopt));
   dist_check(std::move(done));
   for (const Bucket& bucket : buckets_) {
     std::int64_t offset = 0;
-    for (const std::size_t k : bucket.members) {
-      auto& p = slots[k].param;
-      if (m[3 + k] > 0) p.mutable_grad() = bucket.flat.narrow(0, offset, p.numel()).view_as(p);
+    const auto members = static_cast<std::int64_t>(bucket.members.size());
+    const auto flags = bucket.flat.narrow(0, bucket.flat.numel() - members, members).to(torch::kFloat);
+    const float* has_grad = flags.data_ptr<float>();
+    for (std::size_t i = 0; i < bucket.members.size(); ++i) {
+      auto& p = slots[bucket.members[i]].param;
+      if (has_grad[i] > 0) p.mutable_grad() = bucket.flat.narrow(0, offset, p.numel()).view_as(p);
       else p.mutable_grad().reset();  // no rank has a gradient for it (unused): as in one process
       offset += p.numel();
     }
   }
   slots_ = nullptr;
   grads_.clear();
+  const double* m = meta_.data_ptr<double>();
   stop_agreed_ = m[2] > 0;
   return {m[0], m[1] > 0};
 }

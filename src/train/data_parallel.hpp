@@ -44,10 +44,12 @@ class DataParallel {
   /// This rank's share of the step's global batch: its loss is scaled by it (1 without a group).
   [[nodiscard]] double weight() const { return weight_; }
 
-  /// Before the backward of a step's last microbatch: each bucket of gradients is all-reduced
-  /// as soon as backward has produced all of its gradients (autograd hooks), overlapping the
-  /// rest of backward, as PyTorch DDP does. `reduce` then waits and installs the sums.
-  void arm(std::vector<Slot>& slots);
+  /// Before the backward of a step's last microbatch, with this rank's weighted loss of the
+  /// step: the loss and the stop flag go out at once, and each bucket of gradients is
+  /// all-reduced as soon as backward has produced all of its gradients (autograd hooks),
+  /// overlapping the rest of backward, as PyTorch DDP does. `reduce` then waits and installs
+  /// the sums.
+  void arm(std::vector<Slot>& slots, double weighted_loss);
 
   /// Sums the ranks' weighted gradients (the gradient of the global batch's mean loss) in
   /// buckets, with the loss and the non-finite and stop flags. Returns the global loss and
@@ -64,6 +66,10 @@ class DataParallel {
   /// Largest bucket of one all-reduce. DDP's default is 25 MiB with a first bucket of 1 MiB; small
   /// models (small_cnn's gradients are 1.7 MB) need small buckets to overlap at all.
   static constexpr std::int64_t kBucketBytes = 1LL << 20;
+  /// Largest bucket of the model's first parameters: backward produces their gradients last, so
+  /// their all-reduce is the one nothing hides. (small_cnn: its first convolution and BatchNorm,
+  /// 1.4 KB, not the second convolution's 74 KB with them.)
+  static constexpr std::int64_t kLastBucketBytes = 16LL << 10;
   struct Bucket {
     c10::ScalarType type;
     std::vector<std::size_t> members{};  // slot indices, in the order backward produces them
@@ -75,6 +81,7 @@ class DataParallel {
   void plan_buckets(const std::vector<Slot>& slots);
   void on_gradient(std::size_t k, const torch::Tensor& g);
   void launch(std::size_t bucket);
+  void launch_meta(double weighted_loss, bool non_finite);
   void disarm();
 
   const Distributed* group_;
@@ -84,8 +91,8 @@ class DataParallel {
   std::vector<torch::Tensor> grads_;    // per slot: its gradient as backward produced it
   static constexpr unsigned kNoHook = ~0u;
   std::vector<unsigned> hooks_;            // per slot: its hook, or kNoHook
-  std::vector<bool> has_grad_;
   std::size_t next_ = 0;                // the next bucket to launch
+  torch::Tensor meta_{};                // the step's loss, non-finite and stop flags, once launched
   std::optional<Error> failed_;
   std::vector<torch::Tensor> buffers_;
   double weight_ = 1.0;

@@ -85,7 +85,6 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
       return {value, 0.0, true, fmt::format("loss \"{}\" is {}", spec.loss.name, value)};
     }
     if (hooks) hooks->fire(Event::after_loss);
-    if (start + size >= total) dp.arm(slots);  // the last backward: gradients all-reduced as they come
     if (whole && !dp.active()) {
       batch_loss = value;
       backward(loss_scale == 1.0 ? loss : loss * loss_scale);
@@ -94,6 +93,8 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
       // of the ranks' shards, so that the summed gradients are those of the global batch's mean).
       const double weight = static_cast<double>(size) / static_cast<double>(total) * dp.weight();
       batch_loss += value * weight;
+      // The last backward: the loss goes out now, the gradients all-reduced as they come.
+      if (start + size >= total) dp.arm(slots, batch_loss);
       backward(loss * (weight * loss_scale));
     }
   }
