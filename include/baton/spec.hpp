@@ -144,7 +144,7 @@ enum class Precision {
 /// checkpoints and `bitwise_equal`, do not depend on it; the kernels LibTorch picks, their speed and
 /// their rounding do. A fit returns its weights in the default (contiguous) layout whatever it used.
 enum class MemoryFormat {
-  automatic,      ///< baton's measured choice (default): today contiguous everywhere (docs/precision.md)
+  automatic,      ///< baton's measured choice (default): channels_last for 4-D inputs on the CPU, contiguous on CUDA (docs/precision.md)
   contiguous,     ///< NCHW
   channels_last,  ///< NHWC for 4-D inputs and weights (others as they are)
 };

@@ -53,7 +53,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
   auto transfer = detail::begin_stage(spec, s);
   const detail::Course course = detail::Course::make(spec, s, budget);
   if (!spec.device.is_cpu()) s.model.module->to(spec.device);
-  detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, course.data.input_shape().size() + 1));
+  detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, course.data.input_shape().size() + 1, spec.device));
   const detail::DeterministicScope deterministic(spec.deterministic);
   std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
   detail::FreezeScope frozen(spec, *s.model.module);

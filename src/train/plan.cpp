@@ -48,7 +48,7 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
            detail::FreezeScope frozen(spec, *s.model.module);
            s.model.module->train(true);
-           detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, batch.inputs.defined() ? batch.inputs.dim() : 0));
+           detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, batch.inputs.defined() ? batch.inputs.dim() : 0, spec.device));
            const detail::DeterministicScope deterministic(spec.deterministic);
            detail::GlobalRngScope rng(s.rng);
            const std::size_t record = detail::open_record(s, spec.name, std::move(transfer));  // as fit keeps it

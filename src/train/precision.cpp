@@ -55,7 +55,8 @@ void set_autocast_dtype(c10::DeviceType t, at::ScalarType dtype) {
 void relayout(torch::nn::Module& m, at::MemoryFormat format) {
   torch::NoGradGuard no_grad;
   auto move = [&](torch::Tensor t) {
-    if (t.defined() && t.dim() == 4 && !t.is_contiguous(format)) t.set_data(t.data().contiguous(format));
+    if (t.defined() && t.dim() == 4 && !(t.suggest_memory_format() == format && t.is_contiguous(format)))
+      t.set_data(in_format(t.data(), format));
   };
   for (auto& p : m.parameters()) move(p);
   for (auto& b : m.buffers()) move(b);
@@ -81,21 +82,32 @@ AutocastScope::~AutocastScope() {
   set_autocast_dtype(type_, was_dtype_);
 }
 
-bool use_channels_last(MemoryFormat format, std::int64_t batch_dims) {
+bool use_channels_last(MemoryFormat format, std::int64_t batch_dims, const c10::Device& device) {
   switch (format) {
-    // automatic is baton's measured choice. Today the default layout: channels_last trained
-    // small_cnn at 0.95x on the 2-core CPU (0.96x in bf16 against bf16 NCHW) and 0.97x on an H200
-    // (benchmarks/README.md), so it is no default yet; revisit with larger conv models.
-    case MemoryFormat::automatic:
+    // automatic is baton's measured choice: channels_last for image batches on the CPU, where
+    // oneDNN's NHWC kernels train small_cnn 1.5x as fast as NCHW in fp32 (benchmarks/README.md);
+    // the default layout on CUDA, where it was not measured since that figure.
+    case MemoryFormat::automatic: return batch_dims == 4 && device.is_cpu();
     case MemoryFormat::contiguous: return false;
     case MemoryFormat::channels_last: return batch_dims == 4;
   }
   return false;
 }
 
-torch::Tensor in_layout(const torch::Tensor& inputs, MemoryFormat format) {
-  if (!inputs.defined() || !use_channels_last(format, inputs.dim())) return inputs;
-  return inputs.contiguous(at::MemoryFormat::ChannelsLast);
+torch::Tensor in_format(const torch::Tensor& t, at::MemoryFormat format) {
+  // Not contiguous(format): a tensor with one channel (an [N, 1, H, W] batch, the weight of a
+  // conv over one channel) is contiguous in both layouts, so contiguous() keeps whichever strides
+  // it has, and the strides are what LibTorch reads the layout from (suggest_memory_format). A
+  // first conv whose weight kept NCHW strides ran in NCHW and handed NCHW activations to an NHWC
+  // second conv: the backward then mixed layouts in every elementwise kernel (small_cnn: 0.95x of
+  // NCHW, against 1.5x with NHWC strides).
+  if (t.suggest_memory_format() == format && t.is_contiguous(format)) return t;
+  return t.to(t.options(), /*non_blocking=*/false, /*copy=*/true, format);
+}
+
+torch::Tensor in_layout(const torch::Tensor& inputs, MemoryFormat format, const c10::Device& device) {
+  if (!inputs.defined() || !use_channels_last(format, inputs.dim(), device)) return inputs;
+  return in_format(inputs, at::MemoryFormat::ChannelsLast);
 }
 
 LayoutScope::LayoutScope(torch::nn::Module& module, bool channels_last) {

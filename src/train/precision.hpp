@@ -33,10 +33,13 @@ class AutocastScope {
   at::ScalarType was_dtype_ = at::kFloat;
 };
 
-/// True when a fit on these training inputs runs in channels_last.
-bool use_channels_last(MemoryFormat format, std::int64_t batch_dims);
-/// A batch's inputs in the fit's layout (4-D inputs only; others as they are).
-torch::Tensor in_layout(const torch::Tensor& inputs, MemoryFormat format);
+/// True when a fit on these training inputs, on this device, runs in channels_last.
+bool use_channels_last(MemoryFormat format, std::int64_t batch_dims, const c10::Device& device);
+/// `t` with the strides of `format` (`t` itself when it has them): strides LibTorch reads as
+/// that layout, also for one channel, where both layouts are contiguous.
+torch::Tensor in_format(const torch::Tensor& t, at::MemoryFormat format);
+/// A batch's inputs in the layout of a fit on `device` (4-D inputs only; others as they are).
+torch::Tensor in_layout(const torch::Tensor& inputs, MemoryFormat format, const c10::Device& device);
 
 /// The module's 4-D parameters and buffers in channels_last while the scope lives (when asked),
 /// back in the default layout after: a fit returns weights in the layout it was given them in.

@@ -23,7 +23,7 @@ torch::Tensor microbatch_loss(const TrainingSpec& spec, TrainState& s, const tor
   torch::Tensor output;
   try {
     AutocastScope autocast(spec.precision, spec.device);
-    output = s.model.forward(in_layout(inputs, spec.memory_format));
+    output = s.model.forward(in_layout(inputs, spec.memory_format, spec.device));
   } catch (const c10::Error& e) {
     if (auto m = nondeterministic_op_message(torch_message(e))) raise(ErrorCode::invalid_spec, *m);
     raise(ErrorCode::shape_mismatch, fmt::format("the model's forward failed on inputs of shape {}: {}",
