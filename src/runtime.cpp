@@ -140,10 +140,15 @@ std::string numerics_environment() {
   const std::string key = "CPU capability usage: ";
   if (const auto at = config.find(key); at != std::string::npos)
     cpu = config.substr(at + key.size(), config.find('\n', at) - (at + key.size()));
-  return fmt::format("libtorch={}.{}.{}; cpu={}; threads={}; blas={}; blas_threads={}", TORCH_VERSION_MAJOR,
+  // baton's own choices of kernels count too: kBatonKernels is raised whenever a change of baton
+  // makes the same spec train other bits on the same machine, so that a run directory started
+  // before it is not resumed silently on other kernels. 2: memory_format "auto" is channels_last
+  // on the CPU, and tensors with one channel get NHWC strides (2026-12-05).
+  constexpr int kBatonKernels = 2;
+  return fmt::format("libtorch={}.{}.{}; cpu={}; threads={}; blas={}; blas_threads={}; baton_kernels={}", TORCH_VERSION_MAJOR,
                      TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, cpu, r.threads,
                      r.blas_library.empty() ? "unknown" : std::filesystem::path(r.blas_library).filename().string(),
-                     r.blas_threads);
+                     r.blas_threads, kBatonKernels);
 }
 
 }  // namespace baton

@@ -184,6 +184,39 @@ TEST_CASE("a resume where the threads differ is refused naming them, or accepted
   CHECK_THAT(again->not_bit_exact, Catch::Contains("threads"));  // the record is kept
 }
 
+TEST_CASE("a checkpoint from before baton's kernel choices changed is refused naming baton_kernels, or accepted",
+          "[run][resume][runtime]") {
+  test::TempDir tmp;
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto at = std::make_shared<std::int64_t>(5);
+  const auto specs = stages(stop_at(flag, at));
+  baton::RunOptions options{.dir = tmp.path, .progress = false, .stop = flag};
+  REQUIRE(baton::run(options, specs, test::new_state(1, Time::epochs(4)))->interrupted);
+  flag->store(false), *at = -1;
+  // The checkpoint as a build before baton_kernels existed wrote it: the same numerics without it.
+  const auto path = tmp.path / "checkpoints" / "ckpt-0000000005.baton";
+  auto info = baton::read_checkpoint_info(path);
+  REQUIRE(info);
+  std::string numerics = info->meta.extra.at("numerics");
+  const auto key = numerics.find("; baton_kernels=");
+  REQUIRE(key != std::string::npos);
+  const std::string generation = numerics.substr(key + 16, numerics.find(';', key + 2) - (key + 16));
+  numerics.erase(key, numerics.find(';', key + 2) == std::string::npos ? std::string::npos : numerics.find(';', key + 2) - key);
+  info->meta.extra["numerics"] = numerics;
+  auto state = baton::load_checkpoint(path, test::bn_dropout_mlp());
+  REQUIRE(state);
+  REQUIRE(baton::save_checkpoint(*state, path, info->meta));
+
+  const auto refused = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.error().to_string(), Catch::Contains(fmt::format("baton_kernels (none) -> {}", generation)) &&
+                                              Catch::Contains("--accept-runtime-change"));
+  options.accept_runtime_change = true;
+  const auto accepted = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE(accepted);
+  CHECK_THAT(accepted->not_bit_exact, Catch::Contains("baton_kernels"));
+}
+
 TEST_CASE("a FIFO, a device or a symlink loop where a file is expected: a clear error, never a read that blocks",
           "[run][bad_inputs][files]") {
   test::TempDir tmp;

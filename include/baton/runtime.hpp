@@ -48,8 +48,10 @@ RuntimeReport inspect_runtime();
 
 /// What decides the bits of training besides the inputs and seeds, as "key=value" pairs joined
 /// by "; ": the LibTorch version, the CPU kernels it dispatches to (cpu=AVX2), intra-op threads,
-/// the BLAS library and its threads. A run directory records it in its checkpoints and refuses
-/// to resume where it differs, unless told to accept that (run.hpp).
+/// the BLAS library and its threads, and the generation of baton's own kernel choices
+/// (baton_kernels=N, raised when baton trains the same spec to other bits). A run directory
+/// records it in its checkpoints and refuses to resume where it differs, unless told to accept
+/// that (run.hpp).
 std::string numerics_environment();
 /// Applies `options`; an error (code runtime) if OpenBLAS is required and absent.
 Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options = {});
