@@ -50,6 +50,22 @@ baton::Callback stop_at(std::shared_ptr<std::atomic<bool>> flag, std::shared_ptr
             return std::nullopt;
           }};
 }
+
+/// A run directory whose run of `stages` (4 epochs) stopped at batch 5 as Ctrl-C stops it, with
+/// that batch's checkpoint; `again()` runs the same stages there once more.
+struct StoppedRun {
+  test::TempDir tmp;
+  std::shared_ptr<std::atomic<bool>> flag = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::int64_t> at = std::make_shared<std::int64_t>(5);
+  std::vector<baton::TrainingSpec> specs = stages(stop_at(flag, at));
+  baton::RunOptions options{.dir = tmp.path, .progress = false, .stop = flag};
+  StoppedRun() {
+    REQUIRE(baton::run(options, specs, test::new_state(1, Time::epochs(4)))->interrupted);
+    flag->store(false), *at = -1;
+  }
+  [[nodiscard]] fs::path checkpoint() const { return tmp.path / "checkpoints" / "ckpt-0000000005.baton"; }
+  auto again() { return baton::run(options, specs, test::new_state(1, Time::epochs(4))); }
+};
 }  // namespace
 
 TEST_CASE("a C++ chain with a run directory: stopped in a stage's last batch or a 1-batch stage, resumed to the same bits",
@@ -143,58 +159,47 @@ TEST_CASE("a run directory refuses another configuration and --fresh removes onl
 
 TEST_CASE("a resume where the threads differ is refused naming them, or accepted and recorded as not bit-exact",
           "[run][resume][runtime]") {
-  test::TempDir tmp;
-  auto flag = std::make_shared<std::atomic<bool>>(false);
-  auto at = std::make_shared<std::int64_t>(5);
-  const auto specs = stages(stop_at(flag, at));
-  baton::RunOptions options{.dir = tmp.path, .progress = false, .stop = flag};
   const int threads = at::get_num_threads();
   struct Restore {
     int n;
     ~Restore() { at::set_num_threads(n); }
   } restore{threads};
-  REQUIRE(baton::run(options, specs, test::new_state(1, Time::epochs(4)))->interrupted);
-  const auto written = baton::read_checkpoint_info(tmp.path / "checkpoints" / "ckpt-0000000005.baton");
+  StoppedRun stopped;
+  auto& options = stopped.options;
+  const auto written = baton::read_checkpoint_info(stopped.checkpoint());
   REQUIRE(written);
   CHECK_THAT(written->meta.extra.at("numerics"), Catch::Contains(fmt::format("threads={}", threads)));
-  flag->store(false), *at = -1;
 
   at::set_num_threads(threads + 1);
-  const auto refused = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  const auto refused = stopped.again();
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code == baton::ErrorCode::invalid_spec);
   CHECK_THAT(refused.error().to_string(), Catch::Contains(fmt::format("threads {} -> {}", threads, threads + 1)) &&
                                               Catch::Contains("--accept-runtime-change"));
 
   options.accept_runtime_change = true;
-  const auto accepted = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  const auto accepted = stopped.again();
   REQUIRE(accepted);
   CHECK(accepted->resumed_from);
   CHECK_THAT(accepted->not_bit_exact, Catch::Contains(fmt::format("threads {} -> {}", threads, threads + 1)));
   CHECK_THAT(accepted->summary(), Catch::Contains("not bit-exact"));
-  const auto final_info = baton::read_checkpoint_info(tmp.path / "final.baton");
+  const auto final_info = baton::read_checkpoint_info(stopped.tmp.path / "final.baton");
   REQUIRE(final_info);
   CHECK_THAT(final_info->meta.extra.at("not_bit_exact"), Catch::Contains("threads"));
 
   // The same threads as the checkpoint: resumes without a word (nothing left to train here).
   at::set_num_threads(threads + 1);
   options.accept_runtime_change = false;
-  const auto again = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  const auto again = stopped.again();
   REQUIRE(again);
   CHECK_THAT(again->not_bit_exact, Catch::Contains("threads"));  // the record is kept
 }
 
 TEST_CASE("a checkpoint from before baton's kernel choices changed is refused naming baton_kernels, or accepted",
           "[run][resume][runtime]") {
-  test::TempDir tmp;
-  auto flag = std::make_shared<std::atomic<bool>>(false);
-  auto at = std::make_shared<std::int64_t>(5);
-  const auto specs = stages(stop_at(flag, at));
-  baton::RunOptions options{.dir = tmp.path, .progress = false, .stop = flag};
-  REQUIRE(baton::run(options, specs, test::new_state(1, Time::epochs(4)))->interrupted);
-  flag->store(false), *at = -1;
+  StoppedRun stopped;
   // The checkpoint as a build before baton_kernels existed wrote it: the same numerics without it.
-  const auto path = tmp.path / "checkpoints" / "ckpt-0000000005.baton";
+  const auto path = stopped.checkpoint();
   auto info = baton::read_checkpoint_info(path);
   REQUIRE(info);
   std::string numerics = info->meta.extra.at("numerics");
@@ -207,12 +212,12 @@ TEST_CASE("a checkpoint from before baton's kernel choices changed is refused na
   REQUIRE(state);
   REQUIRE(baton::save_checkpoint(*state, path, info->meta));
 
-  const auto refused = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  const auto refused = stopped.again();
   REQUIRE_FALSE(refused);
   CHECK_THAT(refused.error().to_string(), Catch::Contains(fmt::format("baton_kernels (none) -> {}", generation)) &&
                                               Catch::Contains("--accept-runtime-change"));
-  options.accept_runtime_change = true;
-  const auto accepted = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+  stopped.options.accept_runtime_change = true;
+  const auto accepted = stopped.again();
   REQUIRE(accepted);
   CHECK_THAT(accepted->not_bit_exact, Catch::Contains("baton_kernels"));
 }
