@@ -111,12 +111,7 @@ void DataParallel::plan_buckets(const std::vector<Slot>& slots) {
 
 void DataParallel::arm(std::vector<Slot>& slots, double weighted_loss) {
   if (!group_) return;
-  if (bucket_of_.size() != slots.size()) plan_buckets(slots);
-  slots_ = &slots;
-  grads_.assign(slots.size(), torch::Tensor());
-  for (auto& b : buckets_) b.ready = 0, b.launched = false;
-  next_ = 0;
-  launch_meta(weighted_loss, false);  // known before backward: it goes out first, hidden by backward
+  begin(slots, weighted_loss, false);  // the loss is known before backward: it goes out first, hidden by it
   hooks_.clear();
   for (std::size_t k = 0; k < slots.size(); ++k) {
     if (!slots[k].param.requires_grad()) {  // backward gives it nothing: its place is ready now
@@ -170,7 +165,12 @@ DataParallel::~DataParallel() {
   }
 }
 
-void DataParallel::launch_meta(double weighted_loss, bool non_finite) {
+void DataParallel::begin(std::vector<Slot>& slots, double weighted_loss, bool non_finite) {
+  if (bucket_of_.size() != slots.size()) plan_buckets(slots);
+  slots_ = &slots;
+  grads_.assign(slots.size(), torch::Tensor());
+  for (auto& b : buckets_) b.ready = 0, b.launched = false;
+  next_ = 0;
   meta_ = torch::tensor(std::vector<double>{weighted_loss, non_finite ? 1.0 : 0.0, stop_requested_ ? 1.0 : 0.0},
                         torch::kDouble);
   if (auto ok = group_->start_all_reduce(meta_, Distributed::Op::sum, what_); !ok && !failed_) failed_ = ok.error();
@@ -180,14 +180,9 @@ std::pair<double, bool> DataParallel::reduce(std::vector<Slot>& slots, double we
   if (!group_) return {weighted_loss, non_finite};
   torch::NoGradGuard no_grad;
   disarm();
-  if (bucket_of_.size() != slots.size()) plan_buckets(slots);
-  if (slots_ != &slots) {  // not armed this step (no backward here: an empty shard or a non-finite loss)
-    slots_ = &slots;
-    grads_.assign(slots.size(), torch::Tensor());
-    for (auto& b : buckets_) b.launched = false;
-    next_ = 0;
-    launch_meta(weighted_loss, non_finite);  // first, as an armed rank sent it
-  }
+  // Not armed this step (no backward here: an empty shard or a non-finite loss): the loss and
+  // flags first, as an armed rank sent them, then every bucket below.
+  if (slots_ != &slots) begin(slots, weighted_loss, non_finite);
   while (next_ < buckets_.size()) launch(next_++);  // the rest (unused parameters, ...)
   auto done = group_->finish_all_reduces(what_);
   if (failed_) throw BatonException(*std::exchange(failed_, std::nullopt));

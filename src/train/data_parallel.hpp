@@ -81,7 +81,9 @@ class DataParallel {
   void plan_buckets(const std::vector<Slot>& slots);
   void on_gradient(std::size_t k, const torch::Tensor& g);
   void launch(std::size_t bucket);
-  void launch_meta(double weighted_loss, bool non_finite);
+  /// Starts a step's all-reduces on `slots`: plans the buckets if needed, clears what the last
+  /// step held and launches the loss and flags (the first collective of every step).
+  void begin(std::vector<Slot>& slots, double weighted_loss, bool non_finite);
   void disarm();
 
   const Distributed* group_;
