@@ -144,6 +144,21 @@ Expected<void> Distributed::start_all_reduce(const at::Tensor& tensor, Op op, co
   return {};
 }
 
+Expected<void> Distributed::start_broadcast(const at::Tensor& tensor, int root, const std::string& what) const {
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = impl_->options.timeout;
+  try {
+    std::vector<at::Tensor> one{tensor};
+    impl_->in_flight.push_back(impl_->group->broadcast(one, o));
+  } catch (const std::exception& e) {
+    return tl::unexpected(dist_error(fmt::format("distributed: rank {}: the broadcast of {} could not start: {}",
+                                                 rank(), what, first_line(e))));
+  }
+  impl_->stats.broadcast_calls += 1;
+  return {};
+}
+
 Expected<void> Distributed::finish_all_reduces(const std::string& what) const {
   if (impl_->in_flight.empty()) return {};
   const auto t0 = SteadyClock::now();
@@ -152,7 +167,8 @@ Expected<void> Distributed::finish_all_reduces(const std::string& what) const {
   auto ok = impl_->wait_all(works, "all-reduce", what);
   const auto t1 = SteadyClock::now();
   impl_->stats.allreduce_wait_seconds += std::chrono::duration<double>(t1 - t0).count();
-  impl_->stats.allreduce_seconds += std::chrono::duration<double>(t1 - *impl_->first_start).count();
+  if (impl_->first_start)
+    impl_->stats.allreduce_seconds += std::chrono::duration<double>(t1 - *impl_->first_start).count();
   impl_->first_start.reset();
   return ok;
 }

@@ -94,6 +94,7 @@ torch::Tensor flat_params(const baton::TrainState& s) {
 struct Recorder {
   std::map<std::int64_t, std::vector<std::int64_t>> ids;   // global batch number -> this rank's ids
   std::vector<torch::Tensor> params;                        // after every step
+  std::vector<torch::Tensor> buffers;                       // after every step, as float64
   baton::Algorithm algorithm() {
     baton::Algorithm a;
     a.name = "recorder";
@@ -105,6 +106,9 @@ struct Recorder {
     };
     a.batch_end = [this](const baton::AlgorithmContext&, const baton::TrainState& s, baton::Algorithm::Tensors&) {
       params.push_back(flat_params(s));
+      std::vector<torch::Tensor> parts;
+      for (const auto& [name, b] : s.named_buffers()) parts.push_back(b.detach().reshape({-1}).to(torch::kDouble));
+      buffers.push_back(parts.empty() ? torch::zeros({0}, torch::kDouble) : torch::cat(parts));
     };
     return a;
   }
@@ -151,7 +155,7 @@ TEST_CASE("process group options come from the launcher's environment, with clea
   CHECK_THAT(wrong.error().message, Catch::Contains("rank 2 of world size 2"));
 }
 
-TEST_CASE("2 ranks: after every step the ranks' parameters are bitwise identical", "[distributed]") {
+TEST_CASE("2 ranks: after every step the ranks' parameters and buffers are bitwise identical", "[distributed]") {
   const auto data = test::blobs(300);  // batch 40: the last global batch (20) is cut 10 + 10
   std::array<Recorder, 2> rec;
   const auto init = state_of(bn_mlp());  // (models are built on the main thread: see state_of)
@@ -172,8 +176,12 @@ TEST_CASE("2 ranks: after every step the ranks' parameters are bitwise identical
   for (std::size_t i = 0; i < rec[0].params.size(); ++i) {
     INFO("step " << i);
     REQUIRE(rec[0].params[i].equal(rec[1].params[i]));
+    // Rank 1's own forward updated its BatchNorm statistics from its shard: rank 0's replace them
+    // within the step, so evaluations and algorithms on any rank see the same state.
+    REQUIRE(rec[0].buffers[i].equal(rec[1].buffers[i]));
   }
   CHECK_FALSE(rec[0].params.front().equal(rec[0].params.back()));  // it trained
+  CHECK_FALSE(rec[0].buffers.front().equal(rec[0].buffers.back()));
   // The whole states (buffers, optimizer moments, time) end equal too. (Not the RNG state here:
   // in-process ranks share LibTorch's one global generator, which fit swaps in and out.)
   REQUIRE(baton::bitwise_equal(s0, s1));

@@ -97,7 +97,10 @@ class Distributed {
   /// Do not read or write the tensor in between. As every collective, the calls must come in
   /// the same order on every rank.
   [[nodiscard]] Expected<void> start_all_reduce(const at::Tensor& tensor, Op op, const std::string& what) const;
-  /// Waits for the all-reduces started since the last call (nothing when none was).
+  /// Launches the broadcast of rank `root`'s `tensor` (contiguous, CPU) into every rank's and
+  /// returns at once, as start_all_reduce; `finish_all_reduces` waits for it too.
+  [[nodiscard]] Expected<void> start_broadcast(const at::Tensor& tensor, int root, const std::string& what) const;
+  /// Waits for the all-reduces and broadcasts started since the last call (nothing when none was).
   [[nodiscard]] Expected<void> finish_all_reduces(const std::string& what) const;
   /// Overwrites each tensor (contiguous) with rank `root`'s.
   [[nodiscard]] Expected<void> broadcast(const std::vector<at::Tensor>& tensors, int root, const std::string& what) const;

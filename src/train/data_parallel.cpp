@@ -16,29 +16,38 @@ void dist_check(Expected<void> r) {
   if (!r) throw BatonException(r.error());
 }
 
-/// Overwrites `tensors` with rank 0's: the tensors of one dtype flattened into one broadcast.
-void broadcast_from_rank0(const Distributed& group, const std::vector<torch::Tensor>& tensors, const std::string& what) {
-  if (tensors.empty()) return;
+}  // namespace
+
+Packed::Packed(const std::vector<torch::Tensor>& tensors) {
   torch::NoGradGuard no_grad;
   std::map<int, std::vector<torch::Tensor>> by_type;
   for (const auto& t : tensors) by_type[static_cast<int>(t.scalar_type())].push_back(t);
-  std::vector<torch::Tensor> flats;
-  for (const auto& [type, group_tensors] : by_type) {
+  for (auto& [type, group_tensors] : by_type) {
     std::vector<torch::Tensor> parts;
     for (const auto& t : group_tensors) parts.push_back(t.reshape({-1}));
     flats.push_back(torch::cat(parts));
+    groups.push_back(std::move(group_tensors));
   }
-  dist_check(group.broadcast(flats, 0, what));
-  if (group.rank() == 0) return;
-  std::size_t g = 0;
-  for (const auto& [type, group_tensors] : by_type) {
+}
+
+void Packed::unpack() const {
+  torch::NoGradGuard no_grad;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
     std::int64_t offset = 0;
-    for (const auto& t : group_tensors) {
+    for (const auto& t : groups[g]) {
       const_cast<torch::Tensor&>(t).copy_(flats[g].narrow(0, offset, t.numel()).view_as(t));
       offset += t.numel();
     }
-    ++g;
   }
+}
+
+namespace {
+/// Overwrites `tensors` with rank 0's.
+void broadcast_from_rank0(const Distributed& group, const std::vector<torch::Tensor>& tensors, const std::string& what) {
+  if (tensors.empty()) return;
+  const Packed packed(tensors);
+  dist_check(group.broadcast(packed.flats, 0, what));
+  if (group.rank() != 0) packed.unpack();
 }
 
 std::vector<torch::Tensor> buffers_of(const torch::nn::Module& m) {
@@ -74,16 +83,10 @@ void DataParallel::start(TrainState& s, std::int64_t n, std::int64_t bs, std::ui
 std::pair<std::int64_t, std::int64_t> DataParallel::begin_step(std::int64_t take, std::int64_t batch, bool stop_requested) {
   if (!group_) return {0, take};
   const auto [at, size] = group_->shard(take);
-  // Buffers (BatchNorm statistics) follow rank 0 before each forward, as DDP's default.
-  broadcast_from_rank0(*group_, buffers_, fmt::format("buffers at batch {}", batch));
   weight_ = static_cast<double>(size) / static_cast<double>(take);
   stop_requested_ = stop_requested;
-  what_ = fmt::format("gradients at batch {}", batch);
+  what_ = fmt::format("gradients and buffers at batch {}", batch);
   return {at, size};
-}
-
-void DataParallel::finish() {
-  if (group_) broadcast_from_rank0(*group_, buffers_, "the final buffers");
 }
 
 void DataParallel::plan_buckets(const std::vector<Slot>& slots) {
@@ -174,6 +177,13 @@ void DataParallel::begin(std::vector<Slot>& slots, double weighted_loss, bool no
   meta_ = torch::tensor(std::vector<double>{weighted_loss, non_finite ? 1.0 : 0.0, stop_requested_ ? 1.0 : 0.0},
                         torch::kDouble);
   if (auto ok = group_->start_all_reduce(meta_, Distributed::Op::sum, what_); !ok && !failed_) failed_ = ok.error();
+  // The buffers (BatchNorm statistics) follow rank 0's, as DDP's default, but without a wait of
+  // their own: the step's forwards are done, so they go out now, hidden by backward, and `reduce`
+  // installs them. Every rank's state is then rank 0's at each step's end (evaluation and
+  // algorithms read equal buffers), and the next forward starts from them.
+  sent_buffers_ = Packed(buffers_);
+  for (const auto& flat : sent_buffers_.flats)
+    if (auto ok = group_->start_broadcast(flat, 0, what_); !ok && !failed_) failed_ = ok.error();
 }
 
 std::pair<double, bool> DataParallel::reduce(std::vector<Slot>& slots, double weighted_loss, bool non_finite) {
@@ -187,6 +197,8 @@ std::pair<double, bool> DataParallel::reduce(std::vector<Slot>& slots, double we
   auto done = group_->finish_all_reduces(what_);
   if (failed_) throw BatonException(*std::exchange(failed_, std::nullopt));
   dist_check(std::move(done));
+  if (rank() != 0) sent_buffers_.unpack();
+  sent_buffers_ = {};
   for (const Bucket& bucket : buckets_) {
     std::int64_t offset = 0;
     const auto members = static_cast<std::int64_t>(bucket.members.size());

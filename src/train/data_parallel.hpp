@@ -1,6 +1,6 @@
 #pragma once
 // Data-parallel training on c10d, behind one object that does nothing without a process group:
-// the loop calls it at four points (start, batch, after backward, end) and pays nothing more.
+// the loop calls it at four points (start, batch, before the last backward, after it) and pays nothing more.
 
 #include <cstdint>
 #include <optional>
@@ -15,6 +15,16 @@
 #include "train/carry.hpp"
 
 namespace baton::detail {
+
+/// Tensors flattened into one tensor per dtype (one collective each), and copied back.
+struct Packed {
+  Packed() = default;
+  explicit Packed(const std::vector<torch::Tensor>& tensors);
+  /// Copies `flats` back into the tensors they were made from.
+  void unpack() const;
+  std::vector<std::vector<torch::Tensor>> groups;  // the tensors, by dtype
+  std::vector<torch::Tensor> flats;                // one per group
+};
 
 class DataParallel {
  public:
@@ -59,8 +69,6 @@ class DataParallel {
   /// Some rank was asked to stop (agreed in the last step's all-reduce).
   [[nodiscard]] bool stop_agreed() const { return stop_agreed_; }
 
-  /// Each rank's last forward updated its own buffers: rank 0's become the state's.
-  void finish();
 
  private:
   /// Largest bucket of one all-reduce. DDP's default is 25 MiB with a first bucket of 1 MiB; small
@@ -97,6 +105,7 @@ class DataParallel {
   torch::Tensor meta_{};                // the step's loss, non-finite and stop flags, once launched
   std::optional<Error> failed_;
   std::vector<torch::Tensor> buffers_;
+  Packed sent_buffers_;  // rank 0's buffers, broadcast in flight with the step's all-reduces
   double weight_ = 1.0;
   bool stop_requested_ = false, stop_agreed_ = false;
   std::string what_;

@@ -107,7 +107,6 @@ void Observers::after_batch(const Timestamp& before, bool epoch_ended) {
 
 void Observers::finish() {
   s_.rng = rng_.current();
-  dp_.finish();
   auto& r = s_.history[record_];
   r.end = s_.time;
   r.interrupted = interrupted_;
