@@ -11,6 +11,7 @@
 #include <stb/stb_image_write.h>
 
 #include <baton/data.hpp>
+#include <baton/hparams.hpp>  // Registry: the models an artifact's card may name
 #include <baton/inference.hpp>
 
 #include "process.hpp"
@@ -309,4 +310,30 @@ TEST_CASE("a state_dict without a card, and a missing artifact, are errors that 
   const auto wrong = predictor.predict(torch::zeros({2, 3, 28, 28}, torch::kUInt8));
   REQUIRE_FALSE(wrong);
   CHECK_THAT(wrong.error().to_string(), Catch::Contains("[2, 3, 28, 28]") && Catch::Contains("[N, 1, 28, 28]"));
+}
+
+TEST_CASE("load_for_inference builds the card's model from a registry, and names what one lacks", "[inference]") {
+  const auto& t = trained();
+  // A program's own registry: here the built-in small_cnn under the card's name, counted.
+  int built = 0;
+  baton::Registry mine;
+  mine.models["small_cnn"] = baton::Registry::builtin().models.at("small_cnn");
+  const auto make = mine.models["small_cnn"].make;
+  mine.models["small_cnn"].make = [&built, make](const baton::Params& p) {
+    ++built;
+    return make(p);
+  };
+  const auto predictor = ok(baton::load_for_inference(t.artifact, mine));
+  CHECK(built == 1);
+  const auto images = ok(baton::read_inputs(kImages, predictor.card()));
+  const auto first = images.inputs.narrow(0, 0, 64);
+  const auto builtin = ok(baton::load_for_inference(t.artifact));
+  CHECK(ok(predictor.logits(ok(predictor.prepare(first)))).equal(ok(builtin.logits(ok(builtin.prepare(first))))));
+
+  baton::Registry other;
+  other.models["mlp"] = baton::Registry::builtin().models.at("mlp");
+  const auto missing = baton::load_for_inference(t.artifact, other);
+  REQUIRE_FALSE(missing);
+  CHECK_THAT(missing.error().to_string(), Catch::Contains("model \"small_cnn\" is not in the registry (it has: mlp)") &&
+                                              Catch::Contains("load_for_inference(path, factory)"));
 }

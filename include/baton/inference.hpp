@@ -81,6 +81,13 @@ Expected<ModelCard> read_model_card(const std::filesystem::path& artifact);
 /// tensor of the model must come from the file with its shape.
 Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, c10::Device device = c10::Device(c10::kCPU));
 
+struct Registry;  // <baton/hparams.hpp>
+
+/// Loads an artifact whose card names a model of `models` (a program with models of its own
+/// registers them, as for curriculum files; `baton::cli::main` does this with its registry).
+Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, const Registry& models,
+                                       c10::Device device = c10::Device(c10::kCPU));
+
 /// Loads an artifact into a model of your own (the factory must build the trained architecture).
 Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, const ModelFactory& model,
                                        c10::Device device = c10::Device(c10::kCPU));

@@ -148,15 +148,10 @@ int export_weights(const ExportArgs& a, const Registry& registry) {
 }
 
 int predict(const PredictArgs& a, const Registry& registry) {
-  auto card = read_model_card(a.artifact);
-  if (!card) return report(card.error());
   // The card's model from this program's registry (a program with models of its own names them).
-  const auto entry = registry.models.find(card->model);
-  if (entry == registry.models.end())
-    return report(Error{ErrorCode::invalid_argument,
-                        fmt::format("{}: model \"{}\" is not in this program's registry", a.artifact, card->model), {}});
-  auto predictor = entry->second.make(card->options).and_then([&](const ModelFactory& f) { return load_for_inference(a.artifact, f); });
+  auto predictor = load_for_inference(a.artifact, registry);
   if (!predictor) return report(predictor.error());
+  const ModelCard* card = &predictor->card();
   auto inputs = read_inputs(a.input, *card);
   if (!inputs) return report(inputs.error());
   auto out = predictor->predict(inputs->inputs, a.batch_size);

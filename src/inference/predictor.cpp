@@ -125,22 +125,29 @@ Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, co
   return loaded;
 }
 
-Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, c10::Device device) {
+Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, const Registry& models, c10::Device device) {
   auto card = read_model_card(artifact);
   if (!card) return tl::unexpected(card.error());
   if (card->model.empty())
     return fail(ErrorCode::invalid_argument,
                 fmt::format("{}: the model is one of your own (the card names none); pass its factory: "
                             "load_for_inference(path, factory)", artifact.string()));
-  const auto builtin = Registry::builtin();
-  const auto it = builtin.models.find(card->model);
-  if (it == builtin.models.end())
+  const auto it = models.models.find(card->model);
+  if (it == models.models.end()) {
+    std::vector<std::string> known;
+    for (const auto& [name, entry] : models.models) known.push_back(name);
     return fail(ErrorCode::invalid_argument,
-                fmt::format("{}: model \"{}\" is not built in; pass its factory: load_for_inference(path, factory)",
-                            artifact.string(), card->model));
+                fmt::format("{}: model \"{}\" is not in the registry (it has: {}); register it, or pass its factory: "
+                            "load_for_inference(path, factory)",
+                            artifact.string(), card->model, known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", "))));
+  }
   auto factory = it->second.make(card->options);
   if (!factory) return tl::unexpected(factory.error().with_context(fmt::format("{}: model \"{}\"", artifact.string(), card->model)));
   return load_for_inference(artifact, *factory, device);
+}
+
+Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, c10::Device device) {
+  return load_for_inference(artifact, Registry::builtin(), device);
 }
 
 }  // namespace baton
