@@ -162,7 +162,9 @@ Expected<void> save_state_dict(const StateDict& tensors, const std::filesystem::
 
 Expected<void> save_for_inference(const TrainState& state, const ModelCard& card, const std::filesystem::path& path) {
   return detail::guard([&]() -> Expected<void> {
-    if (auto checked = detail::card_from_json(detail::card_to_json(card), "save_for_inference"); !checked)
+    // The card as load_for_inference will read it: written once, checked by reading it back.
+    const auto card_json = detail::card_to_json(card);
+    if (auto checked = detail::card_from_json(card_json, "save_for_inference"); !checked)
       return tl::unexpected(checked.error());
     auto tensors = state_dict(state, card.weights);
     if (!tensors) return tl::unexpected(tensors.error());
@@ -179,7 +181,7 @@ Expected<void> save_for_inference(const TrainState& state, const ModelCard& card
     if (!card.classes.empty() && out->size(1) != static_cast<std::int64_t>(card.classes.size()))
       return fail(ErrorCode::shape_mismatch, fmt::format("save_for_inference: {} class names for a model of {} outputs",
                                                          card.classes.size(), out->size(1)));
-    return pt_bytes(*tensors, {{detail::kCardRecord, detail::card_to_json(card)}}).and_then([&](const std::string& bytes) {
+    return pt_bytes(*tensors, {{detail::kCardRecord, card_json}}).and_then([&](const std::string& bytes) {
       return detail::write_file_atomic(path, bytes, "inference artifact");
     });
   });
