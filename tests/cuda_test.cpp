@@ -59,6 +59,20 @@ TEST_CASE("CUDA: fit trains on the GPU, in every precision", "[.cuda]") {
   }
 }
 
+TEST_CASE("CUDA: train_step takes a CPU state and batch to the GPU, and is pure there", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto sp = spec(Precision::fp32);
+  const auto s0 = state();
+  const baton::Batch batch{sp.data.train.inputs.narrow(0, 0, 32), sp.data.train.targets.narrow(0, 0, 32)};
+  const auto a = baton::train_step(sp, s0, batch);
+  const auto b = baton::train_step(sp, s0, batch);
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  CHECK(on_cuda(a->state));
+  CHECK_FALSE(on_cuda(s0));  // the state given by copy is not changed
+  REQUIRE(baton::bitwise_equal(a->state, b->state));
+}
+
 TEST_CASE("CUDA: split and resumed runs give the same bits (deterministic mode)", "[.cuda]") {
   REQUIRE(torch::cuda::is_available());
   const char* ws = std::getenv("CUBLAS_WORKSPACE_CONFIG");

@@ -45,12 +45,14 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            const std::int64_t bs = std::max<std::int64_t>(spec.data.batch_size, 1);
            const bool began = detail::stage_position(spec, s).new_stage;
            auto transfer = detail::begin_stage(spec, s);
+           if (!spec.device.is_cpu()) s.model.module->to(spec.device);  // as fit: before the optimizer binds
            std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
            detail::FreezeScope frozen(spec, *s.model.module);
            s.model.module->train(true);
            detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, batch.inputs.defined() ? batch.inputs.dim() : 0, spec.device));
            const detail::DeterministicScope deterministic(spec.deterministic);
            detail::GlobalRngScope rng(s.rng);
+           if (spec.device.is_cuda()) detail::seed_device_generator(spec.device);  // dropout on the GPU, as fit
            const std::size_t record = detail::open_record(s, spec.name, std::move(transfer));  // as fit keeps it
            detail::roll_epoch(s.time, n, bs, spec.data.drop_last);
            const double scale = spec.schedule(detail::schedule_time(spec, s, s.time, s.stage_start, n));
@@ -64,7 +66,7 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
                                             : std::max(detail::data_classes(spec.data.train),
                                                        detail::data_classes(Dataset{batch.inputs, batch.targets, ""}));
            const AlgorithmContext actx{spec, before, end.progress(before, s.stage_start, n), classes};
-           Batch transformed = batch;
+           Batch transformed = spec.device.is_cpu() ? batch : Batch{batch.inputs.to(spec.device), batch.targets.to(spec.device)};
            for (const auto& a : spec.algorithms)
              if (a.after_data) transformed = a.after_data(actx, std::move(transformed));
            detail::DataParallel none(nullptr);
