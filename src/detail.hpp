@@ -12,6 +12,10 @@
 #include "baton/error.hpp"
 #include "baton/time.hpp"
 
+namespace baton {
+struct TrainState;
+}
+
 namespace baton::detail {
 
 /// Carries a baton::Error through internal code (e.g. out of a std::function loss); converted
@@ -80,6 +84,9 @@ class RngStream {
 
 /// A one-off section: `state` installed in the global generator for the scope (a factory call,
 /// an evaluation, one train_step); the generator is as before when it ends.
+/// Moves the model of `s` to `device`, with the tensors its algorithms keep (algorithm_state).
+void to_device(TrainState& s, const c10::Device& device);
+
 /// Seeds `device`'s default generator (CUDA: dropout and other draws on the GPU) with a number
 /// drawn from the global CPU generator, so GPU draws follow the run's stream too (call it while a
 /// stream is held; on CPU, nothing).

@@ -15,6 +15,16 @@
 
 namespace baton {
 namespace detail {
+void to_device(TrainState& s, const c10::Device& device) {
+  s.model.module->to(device);
+  // What algorithms keep beside the weights (EMA's and SWA's averages, keep_best's copy) is
+  // updated with the parameters or copied into them: it goes along. A checkpoint holds it on the
+  // CPU, so a resumed state brings it from there.
+  for (auto& [name, tensors] : s.algorithm_state)
+    for (auto& [key, t] : tensors)
+      if (t.defined() && t.device() != device) t = t.to(device);
+}
+
 
 torch::Tensor seeded_rng_state(std::uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);

@@ -73,6 +73,19 @@ TEST_CASE("CUDA: train_step takes a CPU state and batch to the GPU, and is pure 
   REQUIRE(baton::bitwise_equal(a->state, b->state));
 }
 
+TEST_CASE("CUDA: a state with EMA, SWA and keep_best tensors from the CPU goes on training on the GPU", "[.cuda]") {
+  REQUIRE(torch::cuda::is_available());
+  namespace algo = baton::algorithms;
+  const auto algos = std::vector<baton::Algorithm>{algo::ema(), algo::swa({.start = 0.0})};
+  const auto gpu = spec(Precision::fp32).with_algorithms(algos);  // 2 epochs
+  // The stage's first epoch on the CPU: every tensor there, as a checkpoint resumes it.
+  const auto half = ok(baton::fit(gpu.with_device(c10::Device(c10::kCPU)), state(), Time::epochs(1)));
+  REQUIRE(half.algorithm_state.count("ema") == 1);
+  const auto s = ok(baton::fit(gpu, half));  // the second epoch on the GPU
+  CHECK(on_cuda(s));
+  for (const auto& [name, t] : s.algorithm_state.at("ema")) CHECK(t.is_cuda());
+}
+
 TEST_CASE("CUDA: split and resumed runs give the same bits (deterministic mode)", "[.cuda]") {
   REQUIRE(torch::cuda::is_available());
   const char* ws = std::getenv("CUBLAS_WORKSPACE_CONFIG");

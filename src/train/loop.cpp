@@ -52,7 +52,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
   const bool began = detail::stage_position(spec, s).new_stage;
   auto transfer = detail::begin_stage(spec, s);
   const detail::Course course = detail::Course::make(spec, s, budget);
-  if (!spec.device.is_cpu()) s.model.module->to(spec.device);
+  if (!spec.device.is_cpu()) detail::to_device(s, spec.device);
   detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, course.data.input_shape().size() + 1, spec.device));
   const detail::DeterministicScope deterministic(spec.deterministic);
   std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);

@@ -45,7 +45,7 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            const std::int64_t bs = std::max<std::int64_t>(spec.data.batch_size, 1);
            const bool began = detail::stage_position(spec, s).new_stage;
            auto transfer = detail::begin_stage(spec, s);
-           if (!spec.device.is_cpu()) s.model.module->to(spec.device);  // as fit: before the optimizer binds
+           if (!spec.device.is_cpu()) detail::to_device(s, spec.device);  // as fit: before the optimizer binds
            std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
            detail::FreezeScope frozen(spec, *s.model.module);
            s.model.module->train(true);
