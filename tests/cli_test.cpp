@@ -27,7 +27,7 @@ using Result = test::Output;  // rc, and stdout with stderr
 
 Result run(const std::string& args) { return test::shell(std::string(BATON_EXE) + " " + args); }
 
-fs::path temp_dir(const std::string& name) { return test::temp_dir("cli-" + name); }
+fs::path cli_dir(const std::string& name) { return test::temp_dir("cli-" + name); }
 
 std::string sha_of(const fs::path& state) {
   auto r = run("inspect " + state.string());
@@ -87,7 +87,7 @@ TEST_CASE("the command line: help, unknown commands, bad --set, missing files", 
   CHECK_THAT(run("run --help").out, Catch::Contains("--set"));
   CHECK(run("frobnicate").rc == 2);
   CHECK(run("run /nonexistent.toml").rc == 2);
-  const auto dir = temp_dir("set");
+  const auto dir = cli_dir("set");
   std::ofstream(dir / "c.toml") << kSynthetic << "[[stages]]\nname = \"a\"\nduration = \"1ep\"\n";
   const auto bad = run("validate " + (dir / "c.toml").string() + " --set stage.b.optimizer.lr=1");
   CHECK(bad.rc == 2);
@@ -98,7 +98,7 @@ TEST_CASE("the command line: help, unknown commands, bad --set, missing files", 
 }
 
 TEST_CASE("[2ep] equals [1ep, 1ep] with the optimizer continued on the run clock (via baton inspect)", "[cli][property]") {
-  const auto dir = temp_dir("split");
+  const auto dir = cli_dir("split");
   std::ofstream(dir / "one.toml") << kSynthetic << "[[stages]]\nname = \"all\"\nduration = \"2ep\"\n";
   std::ofstream(dir / "two.toml") << kSynthetic
                                   << "[[stages]]\nname = \"first\"\nduration = \"1ep\"\n"
@@ -117,7 +117,7 @@ TEST_CASE("[2ep] equals [1ep, 1ep] with the optimizer continued on the run clock
 }
 
 TEST_CASE("baton run end to end on a Fashion-MNIST subset: run directory, inspect, eval", "[cli][fashion]") {
-  const auto dir = temp_dir("fashion");
+  const auto dir = cli_dir("fashion");
   std::ofstream(dir / "f.toml") << R"(
 [run]
 name = "fmnist-small"
@@ -232,7 +232,7 @@ optimizer_carry = "fresh"
 }  // namespace
 
 TEST_CASE("Ctrl-C checkpoints and exits 3 -- running again resumes to the same bits", "[cli][resume]") {
-  const auto dir = temp_dir("sigint");
+  const auto dir = cli_dir("sigint");
   std::ofstream(dir / "long.toml") << kLong;
   const auto file = (dir / "long.toml").string();
   const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
@@ -274,7 +274,7 @@ TEST_CASE("Ctrl-C checkpoints and exits 3 -- running again resumes to the same b
 }
 
 TEST_CASE("SIGKILL at random moments, a corrupt newest checkpoint: resume still gives the same bits", "[cli][resume]") {
-  const auto dir = temp_dir("sigkill");
+  const auto dir = cli_dir("sigkill");
   std::ofstream(dir / "long.toml") << kLong;
   const auto file = (dir / "long.toml").string();
   const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
@@ -312,7 +312,7 @@ TEST_CASE("SIGKILL at random moments, a corrupt newest checkpoint: resume still 
 }
 
 TEST_CASE("SIGKILL in the middle of a checkpoint write loses nothing", "[cli][resume]") {
-  const auto dir = temp_dir("sigkill-write");
+  const auto dir = cli_dir("sigkill-write");
   std::ofstream(dir / "long.toml") << kLong;
   const auto file = (dir / "long.toml").string();
   const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
@@ -376,7 +376,7 @@ TEST_CASE("SIGKILL in the middle of a checkpoint write loses nothing", "[cli][re
 }
 
 TEST_CASE("a second Ctrl-C exits at once in the middle of the interrupt checkpoint and loses nothing", "[cli][resume]") {
-  const auto dir = temp_dir("double-ctrl-c");
+  const auto dir = cli_dir("double-ctrl-c");
   std::ofstream(dir / "long.toml") << kLong;
   const auto file = (dir / "long.toml").string();
   const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
@@ -426,7 +426,7 @@ TEST_CASE("a second Ctrl-C exits at once in the middle of the interrupt checkpoi
 }
 
 TEST_CASE("baton run with algorithms, callbacks and TensorBoard from the TOML file", "[cli][algorithms]") {
-  const auto dir = temp_dir("algorithms");
+  const auto dir = cli_dir("algorithms");
   std::ofstream(dir / "a.toml") << R"(
 [run]
 name = "algos"
@@ -495,7 +495,7 @@ eval = { weights = "ema" }
 }
 
 TEST_CASE("baton run --for / --until: stop cleanly, look, go on -- the pieces equal one run", "[cli][pause]") {
-  const auto dir = temp_dir("pause");
+  const auto dir = cli_dir("pause");
   std::ofstream(dir / "c.toml") << kSynthetic
                                 << "[[stages]]\nname = \"a\"\nduration = \"1ep\"\n"
                                    "[[stages]]\nname = \"b\"\nduration = \"1ep\"\nbatch_size = 50\n";

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) { return test::temp_dir("dist-" + name); }
+fs::path dist_dir(const std::string& name) { return test::temp_dir("dist-" + name); }
 
 /// Runs `body(rank, group)` on `world` threads, each rank joined to its own Gloo group over a
 /// fresh FileStore; returns each rank's result (or the error of its join). No Catch assertions
@@ -35,7 +35,7 @@ template <class R>
 std::vector<baton::Expected<R>> on_ranks(int world, const std::function<baton::Expected<R>(int, std::shared_ptr<const baton::Distributed>)>& body,
                                          std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   static int counter = 0;
-  const auto store = temp_dir(fmt::format("store{}", counter++)) / "store";
+  const auto store = dist_dir(fmt::format("store{}", counter++)) / "store";
   std::vector<baton::Expected<R>> results(static_cast<std::size_t>(world),
                                           tl::unexpected(baton::Error{baton::ErrorCode::runtime, "not run", {}}));
   std::vector<std::thread> threads;
@@ -54,11 +54,7 @@ std::vector<baton::Expected<R>> on_ranks(int world, const std::function<baton::E
   return results;
 }
 
-template <class R>
-R ok(baton::Expected<R> r) {
-  if (!r) FAIL(r.error().to_string());
-  return std::move(*r);
-}
+using test::ok;
 
 /// Without Dropout: in-process ranks share LibTorch's global generator, so the tests that compare
 /// against one process keep training free of random draws. BatchNorm is kept where buffers matter.
@@ -273,7 +269,7 @@ TEST_CASE("2 ranks x batch 64 equal 1 rank x batch 128 within float tolerance af
 
 TEST_CASE("resume a 2-rank run on 1 rank and on 2 ranks: every global batch holds the same sample ids", "[distributed]") {
   const auto data = with_ids(500);  // batch 64: 8 batches per epoch, the last of 52 (26 + 26)
-  const auto dir = temp_dir("resume");
+  const auto dir = dist_dir("resume");
   auto spec = test::spec(data, baton::Time::batches(30)).with_batch_size(64);
   // The reference: one process, 30 steps.
   Recorder ref;
@@ -330,7 +326,7 @@ TEST_CASE("resume a 2-rank run on 1 rank and on 2 ranks: every global batch hold
 
 TEST_CASE("2 ranks reading packed shards with workers cut the global batches of one process in memory", "[distributed][data_scale]") {
   const auto data = with_ids(500);
-  const auto dir = temp_dir("shards");
+  const auto dir = dist_dir("shards");
   REQUIRE(baton::data::pack(data, dir / "ids", {.records_per_shard = 128, .pixels = {}}).has_value());
   auto shards = baton::data::shards(dir / "ids");
   REQUIRE(shards.has_value());
@@ -445,7 +441,7 @@ struct Proc {
   double seconds;
 };
 
-Proc shell(const std::string& cmd) {
+Proc timed_shell(const std::string& cmd) {
   const auto t0 = std::chrono::steady_clock::now();
   auto r = test::shell(cmd);
   return {r.rc, std::move(r.out), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
@@ -474,7 +470,7 @@ duration = "30ep"
 
 TEST_CASE("kill one rank: the other stops with the error within the timeout, the launcher names it, a re-run resumes",
           "[distributed][launch]") {
-  const auto dir = temp_dir("kill");
+  const auto dir = dist_dir("kill");
   std::ofstream(dir / "c.toml") << kDistToml;
   const auto run_dir = dir / "run";
   const std::string run = fmt::format("{} run {} --run-dir {}", BATON_EXE, (dir / "c.toml").string(), run_dir.string());
@@ -484,7 +480,7 @@ TEST_CASE("kill one rank: the other stops with the error within the timeout, the
       "if [ \"$RANK\" = 1 ]; then (while [ ! -e {} ]; do sleep 0.02; done; kill -9 $$) & fi; exec {}", first_ckpt.string(), run);
   // A timeout of 60 s, so that "well within it" holds with room under ASan on a busy machine
   // (the kill went 21.5 s with a 20 s bound there once, without waiting for the timeout).
-  const auto killed = shell(fmt::format("BATON_DIST_TIMEOUT=60 {} launch -n 2 --grace 120 -- sh -c '{}'", BATON_EXE, script));
+  const auto killed = timed_shell(fmt::format("BATON_DIST_TIMEOUT=60 {} launch -n 2 --grace 120 -- sh -c '{}'", BATON_EXE, script));
   INFO(killed.out);
   CHECK(killed.rc == 1);
   CHECK_THAT(killed.out, Catch::Contains("baton launch: rank 1 failed (killed by signal 9"));
@@ -497,7 +493,7 @@ TEST_CASE("kill one rank: the other stops with the error within the timeout, the
   CHECK_FALSE(fs::exists(run_dir / "final.baton"));
 
   // Running again resumes from the last checkpoint and finishes; only rank 0 wrote files.
-  const auto again = shell(run + " --nproc 2");
+  const auto again = timed_shell(run + " --nproc 2");
   INFO(again.out);
   CHECK(again.rc == 0);
   CHECK_THAT(again.out, Catch::Contains("resuming from " + (run_dir / "checkpoints").string()));
@@ -508,7 +504,7 @@ TEST_CASE("kill one rank: the other stops with the error within the timeout, the
 
 TEST_CASE("the launcher killed (SIGKILL) or hung up (SIGHUP): its ranks stop with a checkpoint, the lock is released, a re-run resumes",
           "[distributed][launch]") {
-  const auto dir = temp_dir("launcher");
+  const auto dir = dist_dir("launcher");
   // 2000 batches: the signal, sent once batch 100 is checkpointed, lands well inside training.
   std::string toml = kDistToml;
   for (auto at = toml.find("30ep"); at != std::string::npos; at = toml.find("30ep")) toml.replace(at, 4, "100ep");
@@ -519,7 +515,7 @@ TEST_CASE("the launcher killed (SIGKILL) or hung up (SIGHUP): its ranks stop wit
   // The launcher in the background, signalled once the first interval checkpoint exists; the
   // output ends when every process writing to it (the ranks too) has ended.
   auto signal_launcher = [&](const char* sig) {
-    return shell(fmt::format("( {} & L=$!; while [ ! -e {} ]; do sleep 0.02; done; kill -{} $L; wait $L; echo \"launcher: $?\" )",
+    return timed_shell(fmt::format("( {} & L=$!; while [ ! -e {} ]; do sleep 0.02; done; kill -{} $L; wait $L; echo \"launcher: $?\" )",
                              run, first_ckpt.string(), sig));
   };
   auto lock_free = [&] {
@@ -546,7 +542,7 @@ TEST_CASE("the launcher killed (SIGKILL) or hung up (SIGHUP): its ranks stop wit
   }
   CHECK(lock_free());
   CHECK_FALSE(fs::exists(run_dir / "final.baton"));
-  const auto again = shell(run);
+  const auto again = timed_shell(run);
   INFO(again.out);
   CHECK(again.rc == 0);
   CHECK_THAT(again.out, Catch::Contains("resuming from " + (run_dir / "checkpoints").string()));

@@ -57,7 +57,9 @@ inline void require_same_bits(const baton::TrainState& a, const baton::TrainStat
   REQUIRE(a.rng.equal(b.rng));
 }
 
-inline baton::TrainState ok(baton::Expected<baton::TrainState> r) {
+/// The value, or the test fails with the error's text.
+template <class T>
+T ok(baton::Expected<T> r) {
   if (!r) FAIL(r.error().to_string());
   return std::move(*r);
 }

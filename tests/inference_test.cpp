@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 template <class T>
-T ok(baton::Expected<T> r) {
+T unwrap(baton::Expected<T> r) {
   if (!r) FAIL(r.error().to_string());
   return std::move(*r);
 }
@@ -119,7 +119,7 @@ TEST_CASE("baton predict on the test set reproduces baton eval's accuracy exactl
   CHECK_THAT(r.out, Catch::Contains("10000 predictions"));
   std::ifstream in(out);
   const auto rows = read_predictions(std::string(std::istreambuf_iterator<char>(in), {}));
-  const auto labels = ok(baton::data::read_idx(kLabels)).to(torch::kLong);
+  const auto labels = unwrap(baton::data::read_idx(kLabels)).to(torch::kLong);
   REQUIRE(rows.size() == 10000);
   std::int64_t correct = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -132,12 +132,12 @@ TEST_CASE("baton predict on the test set reproduces baton eval's accuracy exactl
   CHECK(accuracy > 0.5);  // trained: far above a tenth
 
   // The same through the library, from two threads at once: the same classes, the same bits.
-  const auto predictor = ok(baton::load_for_inference(t.artifact));
-  const auto inputs = ok(baton::read_inputs(kImages, predictor.card()));
+  const auto predictor = unwrap(baton::load_for_inference(t.artifact));
+  const auto inputs = unwrap(baton::read_inputs(kImages, predictor.card()));
   CHECK(inputs.inputs.sizes() == torch::IntArrayRef({10000, 1, 28, 28}));
   baton::Predictions a, b;
-  std::thread other([&] { b = ok(predictor.predict(inputs.inputs)); });
-  a = ok(predictor.predict(inputs.inputs));
+  std::thread other([&] { b = unwrap(predictor.predict(inputs.inputs)); });
+  a = unwrap(predictor.predict(inputs.inputs));
   other.join();
   CHECK(a.probabilities.equal(b.probabilities));
   for (std::int64_t i = 0; i < 10000; i += 997) CHECK(a.classes[i].item<std::int64_t>() == rows[static_cast<std::size_t>(i)].second.cls);
@@ -146,7 +146,7 @@ TEST_CASE("baton predict on the test set reproduces baton eval's accuracy exactl
 
 TEST_CASE("an inference artifact carries its model card and is a state_dict for Python", "[inference]") {
   const auto& t = trained();
-  const auto card = ok(baton::read_model_card(t.artifact));
+  const auto card = unwrap(baton::read_model_card(t.artifact));
   CHECK(card.model == "small_cnn");
   CHECK(std::get<double>(card.options.at("channels1")) == 4);
   CHECK(card.input == baton::InputKind::image);
@@ -172,7 +172,7 @@ TEST_CASE("baton predict classifies image files and directories as the IDX rows 
   const auto& t = trained();
   const auto dir = t.dir / "images";
   fs::create_directories(dir);
-  const auto pixels = ok(baton::data::read_idx(kImages)).narrow(0, 0, 4).contiguous();
+  const auto pixels = unwrap(baton::data::read_idx(kImages)).narrow(0, 0, 4).contiguous();
   for (int i = 0; i < 4; ++i) {
     const auto* p = pixels[i].data_ptr<std::uint8_t>();
     if (i % 2 == 0) {  // PNG through stb_image_write; PGM by hand
@@ -187,8 +187,8 @@ TEST_CASE("baton predict classifies image files and directories as the IDX rows 
   INFO(r.out);
   REQUIRE(r.rc == 0);
   const auto rows = read_predictions(r.out);
-  const auto predictor = ok(baton::load_for_inference(t.artifact));
-  const auto expected = ok(predictor.predict(pixels)).classes;
+  const auto predictor = unwrap(baton::load_for_inference(t.artifact));
+  const auto expected = unwrap(predictor.predict(pixels)).classes;
   REQUIRE(rows.size() == 4);
   for (int i = 0; i < 4; ++i) {
     CHECK(rows[static_cast<std::size_t>(i)].first == fmt::format("img{}.{}", i, i % 2 == 0 ? "png" : "pgm"));
@@ -245,7 +245,7 @@ optimizer = { name = "adam", lr = 0.05 }
                             (dir / "m.pt").string()));
   INFO(r.out);
   REQUIRE(r.rc == 0);
-  const auto card = ok(baton::read_model_card(dir / "m.pt"));
+  const auto card = unwrap(baton::read_model_card(dir / "m.pt"));
   CHECK(card.input == baton::InputKind::features);
   CHECK(card.columns == std::vector<std::string>{"f0", "f1", "f2"});
   CHECK(card.classes == std::vector<std::string>{"a", "b", "c"});
@@ -306,7 +306,7 @@ TEST_CASE("a state_dict without a card, and a missing artifact, are errors that 
   CHECK(r.rc == 2);
   CHECK_THAT(r.out, Catch::Contains("2 class names for a model of 10 outputs"));
   CHECK_FALSE(fs::exists(t.dir / "x.pt"));
-  const auto predictor = ok(baton::load_for_inference(t.artifact));
+  const auto predictor = unwrap(baton::load_for_inference(t.artifact));
   const auto wrong = predictor.predict(torch::zeros({2, 3, 28, 28}, torch::kUInt8));
   REQUIRE_FALSE(wrong);
   CHECK_THAT(wrong.error().to_string(), Catch::Contains("[2, 3, 28, 28]") && Catch::Contains("[N, 1, 28, 28]"));
@@ -323,12 +323,12 @@ TEST_CASE("load_for_inference builds the card's model from a registry, and names
     ++built;
     return make(p);
   };
-  const auto predictor = ok(baton::load_for_inference(t.artifact, mine));
+  const auto predictor = unwrap(baton::load_for_inference(t.artifact, mine));
   CHECK(built == 1);
-  const auto images = ok(baton::read_inputs(kImages, predictor.card()));
+  const auto images = unwrap(baton::read_inputs(kImages, predictor.card()));
   const auto first = images.inputs.narrow(0, 0, 64);
-  const auto builtin = ok(baton::load_for_inference(t.artifact));
-  CHECK(ok(predictor.logits(ok(predictor.prepare(first)))).equal(ok(builtin.logits(ok(builtin.prepare(first))))));
+  const auto builtin = unwrap(baton::load_for_inference(t.artifact));
+  CHECK(unwrap(predictor.logits(unwrap(predictor.prepare(first)))).equal(unwrap(builtin.logits(unwrap(builtin.prepare(first))))));
 
   baton::Registry other;
   other.models["mlp"] = baton::Registry::builtin().models.at("mlp");

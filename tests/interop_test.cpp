@@ -22,13 +22,9 @@ using test::shell;
 
 using test::python;
 
-fs::path temp_dir(const std::string& name) { return test::temp_dir("interop-" + name); }
+fs::path interop_dir(const std::string& name) { return test::temp_dir("interop-" + name); }
 
-template <class T>
-T ok(baton::Expected<T> r) {
-  if (!r) FAIL(r.error().to_string());
-  return std::move(*r);
-}
+using test::ok;
 
 baton::ModelFactory cnn() { return baton::models::small_cnn({.channels1 = 4, .channels2 = 8, .hidden = 16, .classes = 3, .image_size = 8}); }
 
@@ -43,7 +39,7 @@ def cnn():
 }  // namespace
 
 TEST_CASE("exported weights load into the same torch.nn model in Python and give baton's accuracy", "[interop]") {
-  const auto dir = temp_dir("export");
+  const auto dir = interop_dir("export");
   const auto data = test::images(400, 3);
   auto spec = test::spec(data, baton::Time::epochs(2));
   spec.data.batch_size = 20;
@@ -84,7 +80,7 @@ print(net[1].num_batches_tracked.item())
 }
 
 TEST_CASE("a state_dict saved by torch.save in Python loads into baton and gives Python's outputs", "[interop]") {
-  const auto dir = temp_dir("import");
+  const auto dir = interop_dir("import");
   const auto r = python(dir, std::string(kPythonCnn) + R"(
 torch.manual_seed(0)
 net = cnn()
@@ -182,7 +178,7 @@ print("ok")
 }
 
 TEST_CASE("baton export writes what Python loads, and [model] init_from starts a run from a .pt", "[interop][cli]") {
-  const auto dir = temp_dir("cli");
+  const auto dir = interop_dir("cli");
   std::ofstream(dir / "c.toml") << R"(
 [run]
 name = "interop"
@@ -274,7 +270,7 @@ for f in ["w.pt", "ema.pt"]:
 }
 
 TEST_CASE("save_for_inference checks its card, and a model of your own loads with its factory", "[interop][inference]") {
-  const auto dir = temp_dir("artifact");
+  const auto dir = interop_dir("artifact");
   const auto data = test::images(200, 3);
   auto spec = test::spec(data, baton::Time::epochs(1));
   spec.data.batch_size = 20;

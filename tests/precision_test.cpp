@@ -252,7 +252,7 @@ TEST_CASE("deterministic mode names an op without a deterministic implementation
 }
 
 namespace {
-const char* kCurriculum = R"(
+const char* kPrecisionCurriculum = R"(
 [run]
 name = "p"
 seed = 5
@@ -293,7 +293,7 @@ deterministic = false
 }  // namespace
 
 TEST_CASE("precision, memory format, determinism and loss scaling are stage keys", "[precision][hparams]") {
-  auto cur = baton::parse_curriculum(kCurriculum, "p.toml");
+  auto cur = baton::parse_curriculum(kPrecisionCurriculum, "p.toml");
   REQUIRE(cur);
   const auto a = cur->stages()[0].build(), b = cur->stages()[1].build(), c = cur->stages()[2].build();
   REQUIRE(a);
@@ -322,7 +322,7 @@ TEST_CASE("precision, memory format, determinism and loss scaling are stage keys
 
 TEST_CASE("bad precision settings in TOML say what and where", "[precision][hparams]") {
   auto build = [](const std::vector<std::string>& sets) {
-    auto cur = baton::parse_curriculum(kCurriculum, "p.toml", sets);
+    auto cur = baton::parse_curriculum(kPrecisionCurriculum, "p.toml", sets);
     REQUIRE(cur);
     return cur->stages()[0].build();
   };

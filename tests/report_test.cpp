@@ -22,13 +22,8 @@
 namespace fs = std::filesystem;
 
 namespace {
-struct Output {
-  int rc;
-  std::string out;
-};
-
-/// Runs a shell command; stdout (and stderr unless redirected in `cmd`) in `out`.
-Output shell(const std::string& cmd) {
+/// Runs a shell command; its standard output (standard error too unless `cmd` redirects it).
+test::Output stdout_of(const std::string& cmd) {
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;
@@ -38,17 +33,18 @@ Output shell(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-Output baton(const std::string& args) { return shell(std::string(BATON_EXE) + " " + args + " 2>&1"); }
+/// `baton ARGS`: exit status, standard output and error.
+test::Output baton_cli(const std::string& args) { return test::shell(std::string(BATON_EXE) + " " + args); }
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-fs::path temp_dir(const std::string& name) { return test::temp_dir("report-" + name); }
+fs::path report_dir(const std::string& name) { return test::temp_dir("report-" + name); }
 
 // Two stages that differ in what they carry over, with interval evaluations: ~2 s of training.
-const char* kTwoStages = R"(
+const char* kReportStages = R"(
 [run]
 name = "report-small"
 seed = 4
@@ -142,8 +138,8 @@ void check_offline(const std::string& html) {
 }
 
 fs::path train_small(const fs::path& dir, const std::string& name, const std::string& sets = "") {
-  std::ofstream(dir / "c.toml") << kTwoStages;
-  const auto r = baton("run " + (dir / "c.toml").string() + " --run-dir " + (dir / name).string() + " " + sets);
+  std::ofstream(dir / "c.toml") << kReportStages;
+  const auto r = baton_cli("run " + (dir / "c.toml").string() + " --run-dir " + (dir / name).string() + " " + sets);
   INFO(r.out);
   REQUIRE(r.rc == 0);
   return dir / name;
@@ -151,9 +147,9 @@ fs::path train_small(const fs::path& dir, const std::string& name, const std::st
 }  // namespace
 
 TEST_CASE("baton run writes report.html: every series with its points, stages named, tables, config", "[report]") {
-  const auto dir = temp_dir("run");
-  std::ofstream(dir / "c.toml") << kTwoStages;
-  const auto r = baton("run " + (dir / "c.toml").string() + " --run-dir " + (dir / "run").string());
+  const auto dir = report_dir("run");
+  std::ofstream(dir / "c.toml") << kReportStages;
+  const auto r = baton_cli("run " + (dir / "c.toml").string() + " --run-dir " + (dir / "run").string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
   const fs::path page = dir / "run/report.html";
@@ -210,9 +206,9 @@ TEST_CASE("baton run writes report.html: every series with its points, stages na
 }
 
 TEST_CASE("the run summary shows a loss sparkline per stage", "[report][cli]") {
-  const auto dir = temp_dir("spark");
-  std::ofstream(dir / "c.toml") << kTwoStages;
-  const auto r = baton("run " + (dir / "c.toml").string() + " --run-dir " + (dir / "run").string());
+  const auto dir = report_dir("spark");
+  std::ofstream(dir / "c.toml") << kReportStages;
+  const auto r = baton_cli("run " + (dir / "c.toml").string() + " --run-dir " + (dir / "run").string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
   const auto e = expected_from(dir / "run");
@@ -233,11 +229,11 @@ TEST_CASE("the run summary shows a loss sparkline per stage", "[report][cli]") {
 }
 
 TEST_CASE("baton report overlays run directories in the same plots, written to -o FILE", "[report]") {
-  const auto dir = temp_dir("overlay");
+  const auto dir = report_dir("overlay");
   const auto a = train_small(dir, "fast");
   const auto b = train_small(dir, "slow", "--set stage.main.optimizer.lr=0.003");
   const fs::path out = dir / "compare.html";
-  const auto r = baton("report " + a.string() + " " + b.string() + " -o " + out.string());
+  const auto r = baton_cli("report " + a.string() + " " + b.string() + " -o " + out.string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, Catch::Contains("report: " + out.string()));
@@ -262,14 +258,14 @@ TEST_CASE("baton report overlays run directories in the same plots, written to -
 
 TEST_CASE("baton report: missing, empty and malformed run directories are clear errors (exit 2), no file left",
           "[report]") {
-  const auto dir = temp_dir("errors");
+  const auto dir = report_dir("errors");
   const fs::path out = dir / "r.html";
-  auto missing = baton("report " + (dir / "nope").string() + " -o " + out.string());
+  auto missing = baton_cli("report " + (dir / "nope").string() + " -o " + out.string());
   CHECK(missing.rc == 2);
   CHECK_THAT(missing.out, Catch::Contains((dir / "nope").string() + ": no such directory"));
 
   fs::create_directories(dir / "empty");
-  auto empty = baton("report " + (dir / "empty").string() + " -o " + out.string());
+  auto empty = baton_cli("report " + (dir / "empty").string() + " -o " + out.string());
   CHECK(empty.rc == 2);
   CHECK_THAT(empty.out, Catch::Contains((dir / "empty").string() + ": no metrics.jsonl"));
 
@@ -277,30 +273,30 @@ TEST_CASE("baton report: missing, empty and malformed run directories are clear 
   std::ofstream(dir / "bad/metrics.jsonl")
       << R"({"event":"train","stage":"a","epoch":0,"batch":1,"sample":10,"loss":1.0,"lr":0.1,"samples_per_s":5})"
       << "\nnot json\n";
-  auto bad = baton("report " + (dir / "bad").string() + " -o " + out.string());
+  auto bad = baton_cli("report " + (dir / "bad").string() + " -o " + out.string());
   CHECK(bad.rc == 2);
   CHECK_THAT(bad.out, Catch::Contains((dir / "bad/metrics.jsonl").string() + ":2: not a metrics line"));
 
   fs::create_directories(dir / "untrained");
   std::ofstream(dir / "untrained/metrics.jsonl") << R"({"event":"stage_start","stage":"a","sample":0})" << "\n";
-  auto untrained = baton("report " + (dir / "untrained").string() + " -o " + out.string());
+  auto untrained = baton_cli("report " + (dir / "untrained").string() + " -o " + out.string());
   CHECK(untrained.rc == 2);
   CHECK_THAT(untrained.out, Catch::Contains("no training lines"));
 
   // A good directory after a bad one: still nothing written.
   std::ofstream(dir / "bad/metrics.jsonl", std::ios::trunc)
       << R"({"event":"train","stage":"a","epoch":0,"batch":1,"sample":10,"loss":1.0,"lr":0.1,"samples_per_s":5})" << "\n";
-  CHECK(baton("report " + (dir / "bad").string() + " " + (dir / "nope").string() + " -o " + out.string()).rc == 2);
-  CHECK(baton("report " + (dir / "bad").string() + " -o " + (dir / "no/such/dir/r.html").string()).rc == 2);
+  CHECK(baton_cli("report " + (dir / "bad").string() + " " + (dir / "nope").string() + " -o " + out.string()).rc == 2);
+  CHECK(baton_cli("report " + (dir / "bad").string() + " -o " + (dir / "no/such/dir/r.html").string()).rc == 2);
   CHECK_FALSE(fs::exists(out));
   for (const auto& f : fs::directory_iterator(dir)) CHECK(f.path().filename().string().find(".tmp") == std::string::npos);
-  CHECK(baton("report").rc == 2);
+  CHECK(baton_cli("report").rc == 2);
   fs::remove_all(dir);
 }
 
 TEST_CASE("baton report of a resumed run: re-logged batches replace the earlier lines, a cut-off last line is skipped",
           "[report]") {
-  const auto dir = temp_dir("resumed");
+  const auto dir = report_dir("resumed");
   fs::create_directories(dir / "run");
   {
     std::ofstream m(dir / "run/metrics.jsonl");
@@ -316,7 +312,7 @@ TEST_CASE("baton report of a resumed run: re-logged batches replace the earlier 
     for (int s : {30, 40, 50}) train(s, 0.5);
     m << R"({"event":"train","stage":"s","epo)";  // a write cut off by SIGKILL
   }
-  const auto r = baton("report " + (dir / "run").string());
+  const auto r = baton_cli("report " + (dir / "run").string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
   const auto series = series_in(slurp(dir / "run/report.html"));
@@ -331,7 +327,7 @@ TEST_CASE("the report in headless Chromium: every plot draws its series with all
   const char* chromium = "/usr/bin/chromium";
   if (!fs::exists(chromium))
     FAIL("this test needs Chromium at /usr/bin/chromium (Debian package chromium; scripts/common.sh installs it)");
-  const auto dir = temp_dir("browser");
+  const auto dir = report_dir("browser");
   const auto run_dir = train_small(dir, "run");
   const auto e = expected_from(run_dir);
   const fs::path page = run_dir / "report.html";
@@ -340,7 +336,7 @@ TEST_CASE("the report in headless Chromium: every plot draws its series with all
                                         (dir / "profile").string());
   // The DOM after the page's scripts ran, and the browser's log (console messages are logged as
   // ":CONSOLE:" lines, uncaught errors and failed loads included).
-  const auto dom = shell(fmt::format("timeout 60 {} {} --enable-logging=stderr --v=0 --dump-dom file://{} 2>{}",
+  const auto dom = stdout_of(fmt::format("timeout 60 {} {} --enable-logging=stderr --v=0 --dump-dom file://{} 2>{}",
                                      chromium, flags, page.string(), (dir / "chromium.log").string()));
   const auto log = slurp(dir / "chromium.log");
   INFO("chromium log:\n" << log);
@@ -369,7 +365,7 @@ TEST_CASE("the report in headless Chromium: every plot draws its series with all
   // A screenshot, kept in the build directory for people to look at.
   const fs::path shot = fs::path(BATON_EXE).parent_path() / "report-browser-test.png";
   fs::remove(shot);
-  const auto s = shell(fmt::format("timeout 60 {} {} --window-size=1100,2600 --screenshot={} file://{} 2>&1", chromium,
+  const auto s = stdout_of(fmt::format("timeout 60 {} {} --window-size=1100,2600 --screenshot={} file://{} 2>&1", chromium,
                                    flags, shot.string(), page.string()));
   INFO(s.out);
   REQUIRE(s.rc == 0);
@@ -380,7 +376,7 @@ TEST_CASE("the report in headless Chromium: every plot draws its series with all
 }
 
 TEST_CASE("y tick labels of a narrow range all differ (enough decimals for the step)", "[report]") {
-  const auto dir = temp_dir("ticks");
+  const auto dir = report_dir("ticks");
   fs::create_directories(dir / "run");
   {
     std::ofstream m(dir / "run/metrics.jsonl");
@@ -390,7 +386,7 @@ TEST_CASE("y tick labels of a narrow range all differ (enough decimals for the s
                        i, i * 10, 0.998 + 0.0001 * i)
         << "\n";
   }
-  const auto r = baton("report " + (dir / "run").string());
+  const auto r = baton_cli("report " + (dir / "run").string());
   INFO(r.out);
   REQUIRE(r.rc == 0);
   // The loss plot's y ticks: <text class="tick" ... text-anchor="end">LABEL</text>
@@ -414,9 +410,9 @@ TEST_CASE("the shipped curriculum's report shows the confusion matrix of val and
   const char* chromium = "/usr/bin/chromium";
   if (!fs::exists(chromium))
     FAIL("this test needs Chromium at /usr/bin/chromium (Debian package chromium; scripts/common.sh installs it)");
-  const auto dir = temp_dir("shipped");
+  const auto dir = report_dir("shipped");
   // The main job, small: 3000 training images (300 held out as val), 500 test images, 3 one-epoch stages.
-  const auto r = baton(fmt::format(
+  const auto r = baton_cli(fmt::format(
       "run {}/examples/fashion_mnist.toml --run-dir {} --set datasets.train.limit=3000 --set datasets.val.limit=3000 "
       "--set datasets.test.limit=500 --set run.max_duration=3ep --set stage.main.duration=1ep "
       "--set stage.finetune.duration=1ep --set stage.finetune.eval.interval=4ba",
@@ -446,7 +442,7 @@ TEST_CASE("the shipped curriculum's report shows the confusion matrix of val and
   CHECK(restored);
   const std::string flags = fmt::format("--headless --no-sandbox --disable-gpu --user-data-dir={} --hide-scrollbars",
                                         (dir / "profile").string());
-  const auto dom = shell(fmt::format("timeout 60 {} {} --dump-dom file://{} 2>/dev/null", chromium, flags, page.string()));
+  const auto dom = stdout_of(fmt::format("timeout 60 {} {} --dump-dom file://{} 2>/dev/null", chromium, flags, page.string()));
   REQUIRE(dom.rc == 0);
   std::smatch body;
   REQUIRE(std::regex_search(dom.out, body, std::regex("<body ([^>]*)>")));

@@ -39,12 +39,12 @@ batch_size = 8
 optimizer = { name = "sgd", lr = 0.01 }
 )";
 
-struct Outcome {
+struct LockOutcome {
   int code;
   std::string out;
 };
 
-Outcome run(const std::string& args) {
+LockOutcome lock_run(const std::string& args) {
   auto r = test::shell(fmt::format("timeout -s KILL 120 {} {}", BATON_EXE, args));
   return {r.rc, std::move(r.out)};
 }
@@ -80,7 +80,7 @@ TEST_CASE("a second baton run on a run directory in use refuses -- a killed run 
   std::ofstream(cfg) << kLongRun;
 
   const pid_t first = start_run(cfg, dir);
-  const auto second = run(fmt::format("run {} --run-dir {}", cfg.string(), dir.string()));
+  const auto second = lock_run(fmt::format("run {} --run-dir {}", cfg.string(), dir.string()));
   CHECK(second.code == 2);
   CHECK(second.out.find("in use by another baton run (pid " + std::to_string(first) + ")") != std::string::npos);
   // The refused run wrote nothing: no config, no checkpoints, no metrics of its own.
@@ -91,10 +91,10 @@ TEST_CASE("a second baton run on a run directory in use refuses -- a killed run 
   int status = 0;
   REQUIRE(::waitpid(first, &status, 0) == first);
   CHECK(WIFSIGNALED(status));
-  const auto after = run(fmt::format("validate {}", cfg.string()));
+  const auto after = lock_run(fmt::format("validate {}", cfg.string()));
   REQUIRE(after.code == 0);
   // The directory is usable again: a short run with the same directory goes through.
-  const auto third = run(fmt::format("run {} --run-dir {} --fresh --set run.max_duration=1ep --set stage.long.duration=1ep",
+  const auto third = lock_run(fmt::format("run {} --run-dir {} --fresh --set run.max_duration=1ep --set stage.long.duration=1ep",
                                      cfg.string(), dir.string()));
   INFO(third.out);
   CHECK(third.code == 0);
