@@ -42,7 +42,10 @@ build() {
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
   local jobs
   jobs="$(nproc 2>/dev/null || echo 2)"
+  # A unity build (8 sources per translation unit) compiles the suite in about half the time of
+  # one unit per source on 2 cores: most of a unit's time is LibTorch's templates, instantiated
+  # once per unit. BATON_UNITY_BUILD=OFF builds one unit per source (what catches a missing include).
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_CXX_COMPILER_LAUNCHER=ccache "$@" >/dev/null
+        -DCMAKE_UNITY_BUILD="${BATON_UNITY_BUILD:-ON}" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache "$@" >/dev/null
   cmake --build "$BUILD_DIR" -j "$jobs"
 }

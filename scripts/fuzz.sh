@@ -19,7 +19,7 @@ if [ "${BATON_FUZZ_NO_BUILD:-0}" != 1 ]; then
   launcher=()
   command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   cmake -S "$ROOT" -B "$FUZZ_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG" \
-        -DCMAKE_CXX_COMPILER=clang++-14 \
+        -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_UNITY_BUILD="${BATON_UNITY_BUILD:-ON}" \
         -DBATON_FUZZ=ON -DBATON_BUILD_TESTS=OFF -DBATON_BUILD_EXAMPLES=OFF -DBATON_BUILD_BENCHMARKS=OFF \
         "${launcher[@]}" >/dev/null
   cmake --build "$FUZZ_DIR" -j "${BATON_JOBS:-2}" --target "${TARGETS[@]}"
