@@ -12,7 +12,7 @@ FUZZ_DIR="${BATON_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 SECONDS_PER_TARGET="${1:-60}"
 shift || true
 TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(fuzz_duration fuzz_curriculum fuzz_set fuzz_idx fuzz_csv fuzz_checkpoint fuzz_artifact)
+((${#TARGETS[@]})) || TARGETS=(fuzz_duration fuzz_curriculum fuzz_set fuzz_idx fuzz_csv fuzz_checkpoint fuzz_artifact fuzz_shards)
 
 if [ "${BATON_FUZZ_NO_BUILD:-0}" != 1 ]; then
   export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
