@@ -67,7 +67,7 @@ struct Checks {
 Algorithm label_smoothing(LabelSmoothingOptions o) {
   Checks check;
   check(o.smoothing >= 0 && o.smoothing < 1, fmt::format("label_smoothing.smoothing: must be in [0, 1), got {}", o.smoothing));
-  Algorithm a{.name = "label_smoothing"};
+  Algorithm a{.name = "label_smoothing", .identity = fmt::format("label_smoothing(smoothing={})", o.smoothing)};
   a.before_loss = [s = o.smoothing](const AlgorithmContext&, const torch::Tensor& output, torch::Tensor targets) {
     if (output.dim() != 2)
       detail::raise(ErrorCode::shape_mismatch,
@@ -81,7 +81,7 @@ Algorithm label_smoothing(LabelSmoothingOptions o) {
 Algorithm mixup(MixUpOptions o) {
   Checks check;
   check(o.alpha > 0, fmt::format("mixup.alpha: must be > 0, got {}", o.alpha));
-  Algorithm a{.name = "mixup"};
+  Algorithm a{.name = "mixup", .identity = fmt::format("mixup(alpha={})", o.alpha)};
   a.after_data = [alpha = o.alpha](const AlgorithmContext& ctx, Batch b) {
     const double lam = beta(alpha);
     const auto perm = torch::randperm(b.inputs.size(0), torch::kLong);
@@ -97,7 +97,7 @@ Algorithm mixup(MixUpOptions o) {
 Algorithm cutmix(CutMixOptions o) {
   Checks check;
   check(o.alpha > 0, fmt::format("cutmix.alpha: must be > 0, got {}", o.alpha));
-  Algorithm a{.name = "cutmix"};
+  Algorithm a{.name = "cutmix", .identity = fmt::format("cutmix(alpha={})", o.alpha)};
   a.after_data = [alpha = o.alpha](const AlgorithmContext& ctx, Batch b) {
     need_images(b.inputs, "cutmix");
     const std::int64_t h = b.inputs.size(2), w = b.inputs.size(3);
@@ -130,7 +130,7 @@ Algorithm cutmix(CutMixOptions o) {
 Algorithm cutout(CutOutOptions o) {
   Checks check;
   check(o.size > 0, fmt::format("cutout.size: must be > 0, got {}", o.size));
-  Algorithm a{.name = "cutout"};
+  Algorithm a{.name = "cutout", .identity = fmt::format("cutout(size={})", o.size)};
   a.after_data = [size = o.size](const AlgorithmContext&, Batch b) {
     need_images(b.inputs, "cutout");
     const std::int64_t n = b.inputs.size(0), h = b.inputs.size(2), w = b.inputs.size(3);
@@ -148,7 +148,8 @@ Algorithm random_crop_flip(RandomCropFlipOptions o) {
   Checks check;
   check(o.padding >= 0, fmt::format("random_crop_flip.padding: must be >= 0, got {}", o.padding));
   check(o.flip >= 0 && o.flip <= 1, fmt::format("random_crop_flip.flip: must be in [0, 1], got {}", o.flip));
-  Algorithm a{.name = "random_crop_flip"};
+  Algorithm a{.name = "random_crop_flip",
+              .identity = fmt::format("random_crop_flip(padding={}, flip={})", o.padding, o.flip)};
   a.after_data = [o](const AlgorithmContext&, Batch b) {
     need_images(b.inputs, "random_crop_flip");
     const std::int64_t n = b.inputs.size(0), h = b.inputs.size(2), w = b.inputs.size(3), p = o.padding;
@@ -179,7 +180,9 @@ Algorithm progressive_resizing(ProgressiveResizingOptions o) {
   check(o.finetune_fraction >= 0 && o.finetune_fraction < 1,
         fmt::format("progressive_resizing.finetune_fraction: must be in [0, 1), got {}", o.finetune_fraction));
   check(o.size_increment >= 1, fmt::format("progressive_resizing.size_increment: must be >= 1, got {}", o.size_increment));
-  Algorithm a{.name = "progressive_resizing"};
+  Algorithm a{.name = "progressive_resizing",
+              .identity = fmt::format("progressive_resizing(initial_scale={}, finetune_fraction={}, size_increment={})",
+                                      o.initial_scale, o.finetune_fraction, o.size_increment)};
   a.after_data = [o](const AlgorithmContext& ctx, Batch b) {
     need_images(b.inputs, "progressive_resizing");
     const double ramp = std::min(1.0, ctx.stage_progress / (1.0 - o.finetune_fraction));
@@ -204,7 +207,7 @@ Algorithm progressive_resizing(ProgressiveResizingOptions o) {
 Algorithm ema(EmaOptions o) {
   Checks check;
   check(o.decay >= 0 && o.decay < 1, fmt::format("ema.decay: must be in [0, 1), got {}", o.decay));
-  Algorithm a{.name = "ema"};
+  Algorithm a{.name = "ema", .identity = fmt::format("ema(decay={})", o.decay)};
   a.batch_end = [d = o.decay](const AlgorithmContext&, const TrainState& s, Algorithm::Tensors& m) {
     torch::NoGradGuard no_grad;
     for (const auto& [name, p] : s.named_parameters()) {
@@ -221,7 +224,7 @@ Algorithm swa(SwaOptions o) {
   Checks check;
   check(o.start >= 0 && o.start < 1, fmt::format("swa.start: must be in [0, 1), got {}", o.start));
   check(o.every >= 1, fmt::format("swa.every: must be >= 1, got {}", o.every));
-  Algorithm a{.name = "swa"};
+  Algorithm a{.name = "swa", .identity = fmt::format("swa(start={}, every={}, apply_at_end={})", o.start, o.every, o.apply_at_end)};
   a.batch_end = [o](const AlgorithmContext& ctx, const TrainState& s, Algorithm::Tensors& m) {
     if (ctx.stage_progress < o.start) return;
     auto& count = m["#count"];
@@ -258,7 +261,9 @@ Algorithm layer_freezing(std::vector<FreezeRule> rules) {
     check(!r.pattern.empty(), "layer_freezing: a rule has an empty pattern");
     check(r.at >= 0 && r.at <= 1, fmt::format("layer_freezing: \"{}\" at {}: must be a fraction in [0, 1]", r.pattern, r.at));
   }
-  Algorithm a{.name = "layer_freezing"};
+  std::vector<std::string> described;
+  for (const auto& r : rules) described.push_back(fmt::format("{} at {}", r.pattern, r.at));
+  Algorithm a{.name = "layer_freezing", .identity = fmt::format("layer_freezing({})", fmt::join(described, ", "))};
   a.after_backward = [rules = std::move(rules)](const AlgorithmContext& ctx,
                                                  const std::vector<std::pair<std::string, torch::Tensor>>& params) {
     for (const auto& r : rules) {

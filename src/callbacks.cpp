@@ -94,14 +94,14 @@ Callback train_monitor(MonitorOptions o) {
             v.log->add("train/lr", v.step->lr);
             if (v.step->skipped) v.log->add("train/skipped", 1);
             return std::nullopt;
-          }};
+          }, /*observer=*/true};
 }
 
 Callback lr_monitor(MonitorOptions o) {
   return {"lr_monitor", [o](const EventView& v) -> std::optional<std::string> {
             if (v.event == Event::batch_end && due(v, o.every)) v.log->add("train/lr", v.step->lr);
             return std::nullopt;
-          }};
+          }, /*observer=*/true};
 }
 
 Callback throughput(MonitorOptions o) {
@@ -121,7 +121,7 @@ Callback throughput(MonitorOptions o) {
             if (secs > 0) v.log->add("train/samples_per_s", static_cast<double>(v.state.time.sample - since->sample) / secs);
             since->at = now, since->sample = v.state.time.sample;
             return std::nullopt;
-          }};
+          }, /*observer=*/true};
 }
 
 Callback memory_monitor(MonitorOptions o) {
@@ -130,7 +130,7 @@ Callback memory_monitor(MonitorOptions o) {
             rusage ru{};
             if (getrusage(RUSAGE_SELF, &ru) == 0) v.log->add("system/peak_rss_mb", static_cast<double>(ru.ru_maxrss) / 1024.0);
             return std::nullopt;
-          }};
+          }, /*observer=*/true};
 }
 
 Callback grad_norm_monitor(MonitorOptions o) {
@@ -147,7 +147,7 @@ Callback grad_norm_monitor(MonitorOptions o) {
               v.log->add("train/grad_norm", *norm);
             }
             return std::nullopt;
-          }};
+          }, /*observer=*/true};
 }
 
 Callback nan_monitor(MonitorOptions o) {
@@ -157,7 +157,7 @@ Callback nan_monitor(MonitorOptions o) {
               if (!torch::isfinite(p).all().item<bool>())
                 return fmt::format("parameter \"{}\" holds NaN or infinity after batch {}", name, v.state.time.batch);
             return std::nullopt;
-          }};
+          }, false, fmt::format("nan_monitor(every={})", o.every)};
 }
 
 Callback early_stopping(EarlyStoppingOptions o) {
@@ -187,7 +187,10 @@ Callback early_stopping(EarlyStoppingOptions o) {
                                  o.scope == Scope::stage ? ", this stage's best" : ", the run's best", o.min_delta,
                                  o.patience, *value);
             return std::nullopt;
-          }};
+          },
+          false,
+          fmt::format("early_stopping(metric={}, mode={}, patience={}, min_delta={}, scope={})", o.metric,
+                      o.mode == Mode::min ? "min" : "max", o.patience, o.min_delta, o.scope == Scope::stage ? "stage" : "run")};
 }
 
 Callback threshold_stop(ThresholdOptions o) {
@@ -199,7 +202,10 @@ Callback threshold_stop(ThresholdOptions o) {
             if (o.mode == Mode::max ? *value >= o.threshold : *value <= o.threshold)
               return fmt::format("{} reached {} (threshold {})", o.metric, *value, o.threshold);
             return std::nullopt;
-          }};
+          },
+          false,
+          fmt::format("threshold_stop(metric={}, threshold={}, mode={})", o.metric, o.threshold,
+                      o.mode == Mode::min ? "min" : "max")};
 }
 
 }  // namespace callbacks
@@ -403,7 +409,7 @@ Callback progress(std::shared_ptr<Progress> display) {
               display->finish_stage();
             }
             return std::nullopt;
-          }};
+          }, /*observer=*/true};
 }
 }  // namespace callbacks
 

@@ -90,6 +90,24 @@ bool Dataset::class_targets() const {
   return targets.defined() && targets.scalar_type() == torch::kLong && targets.dim() == 1;
 }
 
+std::string detail::tensor_digest(const torch::Tensor& tensor) {
+  if (!tensor.defined()) return "undefined";
+  const auto t = tensor.to(torch::kCPU).contiguous();
+  detail::Sha256 sha;
+  sha.update(fmt::format("{} {}\n", c10::toString(t.scalar_type()), fmt::join(t.sizes(), "x")));
+  sha.update(t.data_ptr(), static_cast<std::size_t>(t.numel()) * t.element_size());
+  return detail::hex(sha.finish());
+}
+
+std::string Dataset::identity() const {
+  if (source) {
+    auto id = source->identity();
+    return id.empty() ? id : fmt::format("{}: {} samples, {}", name, size(), id);
+  }
+  return fmt::format("{}: {} samples, sha256 {} {}", name, size(), detail::tensor_digest(inputs).substr(0, 16),
+                     detail::tensor_digest(targets).substr(0, 16));
+}
+
 std::int64_t Dataset::classes() const {
   if (source) return source->classes();
   if (!class_targets() || targets.numel() == 0) return 0;

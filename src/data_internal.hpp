@@ -17,6 +17,21 @@ class Source;
 
 namespace baton::detail {
 
+/// A SHA-256 (hex) of a tensor's dtype, shape and bytes: what Source::identity() and
+/// Dataset::identity() say of samples held in memory.
+std::string tensor_digest(const torch::Tensor& t);
+
+/// What a source that knows its classes' names adds to Source (an image folder's class
+/// directories or list names); subsets and transforms pass their base's on.
+class ClassNames {
+ public:
+  virtual ~ClassNames() = default;
+  [[nodiscard]] virtual std::vector<std::string> class_names() const = 0;
+};
+
+/// The names of the dataset's classes where its source knows them, else none.
+std::vector<std::string> class_names(const std::shared_ptr<const Source>& source);
+
 /// The samples `indices` (int64 [M], into `base`) of a lazy source, as a source of M samples.
 std::shared_ptr<const Source> subset(std::shared_ptr<const Source> base, torch::Tensor indices);
 

@@ -21,6 +21,10 @@ class TensorSource final : public Source {
   }
   std::vector<std::int64_t> input_shape() const override { return {inputs_.sizes().begin() + 1, inputs_.sizes().end()}; }
   std::int64_t classes() const override { return classes_; }
+  std::string identity() const override {
+    return fmt::format("tensors sha256 {} {}", detail::tensor_digest(inputs_).substr(0, 16),
+                       detail::tensor_digest(targets_).substr(0, 16));
+  }
   void set_classes(std::int64_t c) { classes_ = c; }
 
  private:
@@ -28,7 +32,7 @@ class TensorSource final : public Source {
   std::int64_t classes_ = 0;
 };
 
-class SubsetSource final : public Source {
+class SubsetSource final : public Source, public detail::ClassNames {
  public:
   SubsetSource(std::shared_ptr<const Source> base, torch::Tensor indices)
       : base_(std::move(base)), indices_(std::move(indices)) {}
@@ -38,6 +42,11 @@ class SubsetSource final : public Source {
   }
   std::vector<std::int64_t> input_shape() const override { return base_->input_shape(); }
   std::int64_t classes() const override { return base_->classes(); }
+  std::string identity() const override {
+    auto base = base_->identity();
+    return base.empty() ? base : fmt::format("{}, samples {}", base, detail::tensor_digest(indices_).substr(0, 16));
+  }
+  std::vector<std::string> class_names() const override { return detail::class_names(base_); }
 
  private:
   std::shared_ptr<const Source> base_;
@@ -52,7 +61,7 @@ at::Generator sample_generator(const SampleContext& c, std::int64_t index) {
   return at::make_generator<at::CPUGeneratorImpl>(detail::splitmix64(x));
 }
 
-class TransformSource final : public Source {
+class TransformSource final : public Source, public detail::ClassNames {
  public:
   TransformSource(std::shared_ptr<const Source> base, data::SampleTransform fn, std::string what)
       : base_(std::move(base)), fn_(std::move(fn)), what_(std::move(what)) {}
@@ -92,6 +101,12 @@ class TransformSource final : public Source {
     return {b->inputs.sizes().begin() + 1, b->inputs.sizes().end()};
   }
   std::int64_t classes() const override { return base_->classes(); }
+  std::vector<std::string> class_names() const override { return detail::class_names(base_); }
+  /// The transform is the caller's function: its name (`what`) stands for it.
+  std::string identity() const override {
+    auto base = base_->identity();
+    return base.empty() ? base : fmt::format("{}, transform \"{}\"", base, what_);
+  }
 
  private:
   std::shared_ptr<const Source> base_;
@@ -99,6 +114,11 @@ class TransformSource final : public Source {
   std::string what_;
 };
 }  // namespace
+
+std::vector<std::string> detail::class_names(const std::shared_ptr<const Source>& source) {
+  const auto* named = dynamic_cast<const ClassNames*>(source.get());
+  return named ? named->class_names() : std::vector<std::string>{};
+}
 
 std::shared_ptr<const Source> detail::subset(std::shared_ptr<const Source> base, torch::Tensor indices) {
   return std::make_shared<SubsetSource>(std::move(base), std::move(indices));

@@ -213,8 +213,11 @@ Expected<std::unique_ptr<ShardFile>> open_shard(const fs::path& file, std::int64
 
 class ShardSource final : public Source {
  public:
-  ShardSource(Layout l, std::int64_t per_shard, std::int64_t samples, std::vector<std::unique_ptr<ShardFile>> maps, fs::path dir)
-      : l_(std::move(l)), per_shard_(per_shard), samples_(samples), maps_(std::move(maps)), dir_(std::move(dir)) {}
+  ShardSource(Layout l, std::int64_t per_shard, std::int64_t samples, std::vector<std::unique_ptr<ShardFile>> maps, fs::path dir,
+              std::string identity)
+      : l_(std::move(l)), per_shard_(per_shard), samples_(samples), maps_(std::move(maps)), dir_(std::move(dir)),
+        identity_(std::move(identity)) {}
+  std::string identity() const override { return identity_; }
   std::int64_t size() const override { return samples_; }
   std::vector<std::int64_t> input_shape() const override { return l_.input_shape; }
   std::int64_t classes() const override { return l_.classes ? std::max<std::int64_t>(l_.num_classes, 1) : 0; }
@@ -239,8 +242,12 @@ class ShardSource final : public Source {
       const auto k = static_cast<std::size_t>(ip[i] / per_shard_);
       const ShardFile& m = *maps_[k];
       const auto off = static_cast<off_t>(kHeader + static_cast<std::size_t>((ip[i] % per_shard_) * l_.record_bytes()));
-      if (::pread(m.fd, record.data(), record.size(), off) != static_cast<ssize_t>(record.size()))
-        return fail(ErrorCode::io, fmt::format("{}: cannot read sample {}: {}", dir_.string(), ip[i], std::strerror(errno)));
+      if (const auto got = ::pread(m.fd, record.data(), record.size(), off); got != static_cast<ssize_t>(record.size()))
+        return fail(ErrorCode::io,
+                    got < 0 ? fmt::format("{}: cannot read sample {}: {}", dir_.string(), ip[i], std::strerror(errno))
+                            : fmt::format("{}: cannot read sample {}: its shard ends at byte {}, before the record ({} "
+                                          "bytes at {}); the file was cut after it was opened (pack it again)",
+                                          dir_.string(), ip[i], static_cast<std::int64_t>(off) + got, record.size(), off));
       std::memcpy(xp + i * in_bytes, record.data(), in_bytes);
       std::memcpy(yp + i * out_bytes, record.data() + in_bytes, out_bytes);
     }
@@ -260,6 +267,7 @@ class ShardSource final : public Source {
   std::int64_t per_shard_, samples_;
   std::vector<std::unique_ptr<ShardFile>> maps_;
   fs::path dir_;
+  std::string identity_;
 };
 
 std::vector<std::int64_t> shape_of(const json& j, const char* what) {
@@ -327,6 +335,15 @@ Expected<Dataset> open_shards(const fs::path& dir, const ShardOptions& options) 
   try {
     std::ifstream in(mf, std::ios::binary);
     m = read_manifest(json::parse(in));
+  } catch (const json::parse_error& e) {
+    // nlohmann's text ("[json.exception.parse_error.101] ...") says where, in its own words.
+    return fail(ErrorCode::data, at(mf, fmt::format("not a valid shard manifest: not JSON (a syntax error at byte {}; "
+                                                    "the manifest is written by baton pack)", e.byte)));
+  } catch (const json::exception& e) {
+    const std::string what = e.what();  // "[json.exception.out_of_range.403] key 'samples' not found"
+    return fail(ErrorCode::data, at(mf, fmt::format("not a valid shard manifest: a field is missing or of the wrong type "
+                                                    "({}; the manifest is written by baton pack)",
+                                                    what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2))));
   } catch (const std::exception& e) {
     return fail(ErrorCode::data, at(mf, fmt::format("not a valid shard manifest: {}", e.what())));
   }
@@ -343,7 +360,13 @@ Expected<Dataset> open_shards(const fs::path& dir, const ShardOptions& options) 
     if (!opened) return tl::unexpected(opened.error());
     maps.push_back(std::move(*opened));
   }
-  return make_dataset(std::make_shared<ShardSource>(m.l, m.per_shard, m.samples, std::move(maps), dir), m.name);
+  // The shards' payload checksums (from the manifest) stand for their contents.
+  detail::Sha256 sha;
+  for (const auto& [file, records, crc] : m.files) sha.update(fmt::format("{} {} {:08x}\n", file, records, crc));
+  auto identity = fmt::format("shards sha256 {}, normalize={} mean={} std={}", detail::hex(sha.finish()).substr(0, 16),
+                              m.l.scale.normalize, m.l.scale.mean, m.l.scale.std);
+  return make_dataset(std::make_shared<ShardSource>(m.l, m.per_shard, m.samples, std::move(maps), dir, std::move(identity)),
+                      m.name);
 }
 }  // namespace
 

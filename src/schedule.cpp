@@ -105,7 +105,9 @@ Schedule step(Time step_size, double gamma) {
 }
 
 Schedule multistep(std::vector<Time> milestones, double gamma) {
-  return {fmt::format("multistep({} milestones, {})", milestones.size(), gamma),
+  std::vector<std::string> at;
+  for (const auto& m : milestones) at.push_back(m.to_string());
+  return {fmt::format("multistep(at {}, {})", fmt::join(at, " "), gamma),
           [=](const ScheduleTime& t) {
             int passed = 0;
             for (const auto& m : milestones) passed += reached(t, m) ? 1 : 0;
@@ -155,7 +157,8 @@ Schedule cosine_warm_restarts(Time period, double period_mult, double to) {
 }
 
 Schedule one_cycle(Time over, double peak, double pct_start, double div_factor, double final_div_factor) {
-  return {fmt::format("one_cycle(over {}, peak {}, pct_start {})", over.to_string(), peak, pct_start),
+  return {fmt::format("one_cycle(over {}, peak {}, pct_start {}, div_factor {}, final_div_factor {})", over.to_string(), peak,
+                      pct_start, div_factor, final_div_factor),
           [=](const ScheduleTime& t) {
             const double f = progress(t, over);
             const double initial = peak / div_factor, lowest = initial / final_div_factor;

@@ -16,7 +16,7 @@ using test::ok;
 namespace {
 const c10::Device kCuda("cuda:0");
 
-baton::ModelFactory cnn() {
+baton::ModelFactory cuda_cnn() {
   return baton::model_factory([] {
     namespace nn = torch::nn;
     return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 8, 3).padding(1)), nn::BatchNorm2d(8), nn::ReLU(),
@@ -24,7 +24,7 @@ baton::ModelFactory cnn() {
   });
 }
 baton::TrainState state() {
-  auto s = baton::init_state(cnn(), {.seed = 1, .max_duration = Time::epochs(4)});
+  auto s = baton::init_state(cuda_cnn(), {.seed = 1, .max_duration = Time::epochs(4)});
   REQUIRE(s.has_value());
   return std::move(*s);
 }
@@ -109,7 +109,7 @@ TEST_CASE("CUDA: a checkpoint of a GPU state holds the same values as the CPU co
   auto sp = spec(Precision::fp16).with_loss_scaling(baton::LossScaling{});
   const auto s = ok(baton::fit(sp, state(), Time::batches(5)));
   REQUIRE(baton::save_checkpoint(s, dir.path / "gpu.ckpt"));
-  const auto back = baton::load_checkpoint(dir.path / "gpu.ckpt", cnn());
+  const auto back = baton::load_checkpoint(dir.path / "gpu.ckpt", cuda_cnn());
   REQUIRE(back.has_value());
   CHECK(back->loss_scale == s.loss_scale);
   auto on_cpu = s;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -48,7 +49,8 @@ baton::Callback stop_at(std::shared_ptr<std::atomic<bool>> flag, std::shared_ptr
   return {"stop_at", [flag, at](const baton::EventView& v) -> std::optional<std::string> {
             if (v.event == baton::Event::batch_end && v.state.time.batch == *at) flag->store(true);
             return std::nullopt;
-          }};
+          },
+          /*observer=*/true};
 }
 
 /// A run directory whose run of `stages` (4 epochs) stopped at batch 5 as Ctrl-C stops it, with
@@ -84,6 +86,24 @@ TEST_CASE("a C++ chain with a run directory: stopped in a stage's last batch or 
     CHECK(fs::exists(base.dir / f));
   REQUIRE(whole->final_metrics.count("blobs"));
   CHECK_THAT(whole->summary(), Catch::Contains("a ") && Catch::Contains("blobs/accuracy="));
+  // The table fits a terminal: 80 columns (UTF-8 code points; the sparkline's bars are 3 bytes).
+  {
+    std::istringstream lines(whole->summary());
+    for (std::string line; std::getline(lines, line);) {
+      const auto columns = std::count_if(line.begin(), line.end(), [](char c) { return (c & 0xC0) != 0x80; });
+      INFO(line);
+      CHECK(columns <= 80);
+    }
+  }
+  // Called again on the finished directory: nothing to train, and the table says so.
+  const auto again = baton::run(base, specs, test::new_state(1, Time::epochs(4)));
+  REQUIRE(again);
+  CHECK_THAT(again->summary(), Catch::Contains("the run had already finished"));
+  // final.baton is the last stage's end: stage_index counts from 0, as every checkpoint's.
+  const auto final_info = baton::read_checkpoint_info(base.dir / "final.baton");
+  REQUIRE(final_info);
+  CHECK(final_info->meta.stage_index == 2);
+  CHECK(final_info->meta.extra.at("stage_done") == "1");
 
   // 20: the last batch of stage a; 21: stage b's only batch; 23: inside c.
   for (std::int64_t k : {20, 21, 23}) {
@@ -147,7 +167,7 @@ TEST_CASE("a run directory refuses another configuration and --fresh removes onl
   flag->store(false), *at = -1;
   const auto refused = baton::run(options, changed, test::new_state(1, Time::epochs(4)));
   REQUIRE_FALSE(refused);
-  CHECK_THAT(refused.error().to_string(), Catch::Contains("another configuration") && Catch::Contains("+ stages[1]: optimizer = { name = \"sgd\", lr = 0.5 }"));
+  CHECK_THAT(refused.error().to_string(), Catch::Contains("another configuration") && Catch::Contains("+ stages[1]: optimizer = \"sgd(lr=0.5, momentum=0.9"));
   options.fresh = true;
   const auto fresh = baton::run(options, changed, test::new_state(1, Time::epochs(4)));
   REQUIRE(fresh);
@@ -175,6 +195,8 @@ TEST_CASE("a resume where the threads differ is refused naming them, or accepted
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code == baton::ErrorCode::invalid_spec);
   CHECK_THAT(refused.error().to_string(), Catch::Contains(fmt::format("threads {} -> {}", threads, threads + 1)) &&
+                                              Catch::Contains("Resume with the same threads") &&
+                                              !Catch::Contains("processes") &&
                                               Catch::Contains("--accept-runtime-change"));
 
   options.accept_runtime_change = true;

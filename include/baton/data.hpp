@@ -49,6 +49,12 @@ class Source {
   [[nodiscard]] virtual std::vector<std::int64_t> input_shape() const = 0;
   /// The number of classes for int64 class targets; 0 for floating (regression) targets.
   [[nodiscard]] virtual std::int64_t classes() const = 0;
+  /// What samples it gives, as text that changes when they do (its files, their sizes and
+  /// times, its options): a run directory's fingerprint holds it, so a resume on other data is
+  /// refused. The built-in sources give one. Empty (the default): baton cannot describe the
+  /// data, and `baton::run` refuses to resume until it can or `RunOptions::accept_undescribed`
+  /// is set.
+  [[nodiscard]] virtual std::string identity() const { return {}; }
 };
 
 /// A dataset: in memory (`inputs[i]` and `targets[i]` form sample i), or lazy (`source` makes
@@ -85,6 +91,11 @@ struct Dataset {
   [[nodiscard]] bool class_targets() const;
   /// max label + 1 for class targets (in memory: computed; lazy: the source's), else 0.
   [[nodiscard]] std::int64_t classes() const;
+  /// What samples it holds, as text that changes when they do: in memory, the name, the size
+  /// and a SHA-256 of both tensors (dtype, shape, bytes; reads every byte once); lazy, the
+  /// name and the source's `Source::identity()`, or "" when the source gives none. A run
+  /// directory's fingerprint holds it (run.hpp).
+  [[nodiscard]] std::string identity() const;
 };
 
 /// Builds a dataset from tensors, checking that they agree (see `Dataset::validate`).

@@ -68,6 +68,12 @@ struct Algorithm {
   using Tensors = std::map<std::string, torch::Tensor>;
   std::string name;
   std::string invalid{};  ///< set by a factory given bad options; TrainingSpec::validate reports it
+  /// What it does, with every option that can change the bits, e.g. `mixup(alpha=0.2)`: a run
+  /// directory's fingerprint (run.hpp) holds it, so a resume with other options is refused. The
+  /// built-ins fill it in. Empty: baton cannot describe it, and `baton::run` refuses to resume
+  /// until it is named (say `"my_algo v2, p=0.3"`: change the text when the behaviour changes)
+  /// or `RunOptions::accept_undescribed` is set.
+  std::string identity{};
   /// after_data: returns the transformed batch (e.g. mixed inputs, soft targets [B, C]).
   std::function<Batch(const AlgorithmContext&, Batch)> after_data{};
   /// after_forward (per microbatch): returns the targets the loss gets for `output`.
@@ -114,6 +120,15 @@ struct EventView {
 struct Callback {
   std::string name;
   std::function<std::optional<std::string>(const EventView&)> on_event;
+  /// True for a callback that only watches: it never returns a stop reason, so it cannot change
+  /// the bits and a run directory's fingerprint leaves it out (monitors, progress). One that says
+  /// so and returns a reason anyway fails the fit (ErrorCode::invalid_spec).
+  bool observer = false;
+  /// For a callback that can stop a stage: what it does, with every option that can change when
+  /// it stops, e.g. `early_stopping(metric=val/loss, mode=min, patience=3, ...)`, for a run
+  /// directory's fingerprint (as `Algorithm::identity`). Empty: baton cannot describe it, and
+  /// `baton::run` refuses to resume until it is named or `RunOptions::accept_undescribed` is set.
+  std::string identity{};
 };
 
 /// A sink for scalars: the loop sends every callback's scalars (and eval metrics) here.

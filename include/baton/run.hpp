@@ -45,8 +45,9 @@ class Distributed;
 struct RunOptions {
   std::filesystem::path dir{};             ///< the run directory (created if missing)
   std::string name = "run";                ///< names the run in checkpoints and the report
-  /// Written to config.toml and hashed into the fingerprint that guards resumes. Empty: a
-  /// summary of the stages' specs (names, durations, data sizes, batch sizes, optimizers, ...).
+  /// Written to config.toml and hashed into the fingerprint that guards resumes. Empty:
+  /// `describe(stages, &initial)`, every setting of the stages that can change the bits, so a
+  /// resume with any of them changed is refused with a diff.
   std::string config{};
   std::string fingerprint{};               ///< empty: SHA-256 of `config`
   std::optional<Time> checkpoint_every{};  ///< also checkpoint every this much (from each stage's start)
@@ -59,6 +60,12 @@ struct RunOptions {
   /// error naming the difference; with it the run goes on and records that its bits are no longer
   /// those of an uninterrupted run (RunResult::not_bit_exact, and in every later checkpoint).
   bool accept_runtime_change = false;
+  /// Resume even though part of the run cannot be described, so baton cannot tell whether it
+  /// changed since the checkpoint: an algorithm or a stopping callback without an identity, a
+  /// lazy dataset whose Source gives none, an unnamed loss or schedule (`describe` lists them).
+  /// Without it such a resume is refused, naming each; better to give each an identity. (A
+  /// `fingerprint` of your own is your word for everything, and is not questioned.)
+  bool accept_undescribed = false;
   /// Pause when the run's clock reaches this point: epochs, batches or samples of the whole run
   /// (Timestamp's counters; "0.5dur" is half the max duration). The run writes a checkpoint there
   /// and returns with RunResult::paused; called again (with a later pause point or none) it goes
@@ -108,7 +115,17 @@ struct RunResult {
 /// (invalid_spec, with the changes and how to start over), another process holding the directory.
 Expected<RunResult> run(const RunOptions& options, const std::vector<TrainingSpec>& stages, TrainState initial);
 
-/// A summary of `stages` as TOML-like text: the default `RunOptions::config`.
+/// Every setting of `stages` (and of the run's `initial` state: seed, max duration, model, initial
+/// weights) that can change the bits, as TOML-like text, derived from the values: the data's
+/// identity (a content hash in memory, the Source's identity when lazy), the loss, every option
+/// of the optimizer and its groups, the schedule, the algorithms' and stopping callbacks'
+/// identities, precision, layout, clipping, carries, keep_best, ... and nothing bit-neutral
+/// (workers, prefetch, loggers, observers, checkpoints). The default `RunOptions::config`: its
+/// SHA-256 is the fingerprint that guards resumes. What cannot be described (an algorithm
+/// without `identity`, a Source without one) is written as such and appended to `undescribed`.
+std::string describe(const std::vector<TrainingSpec>& stages, const TrainState* initial,
+                     std::vector<std::string>* undescribed = nullptr);
+/// `describe(stages, nullptr)`: the stages only.
 std::string describe(const std::vector<TrainingSpec>& stages);
 
 }  // namespace baton

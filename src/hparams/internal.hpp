@@ -38,6 +38,20 @@ namespace baton::detail {
 inline const std::vector<std::string> kRunOutputKeys = {"run_dir", "threads", "checkpoint_every", "keep_checkpoints",
                                                         "tensorboard"};
 
+/// Stage keys that cannot change the bits (any number of data workers gives the same batches).
+inline const std::vector<std::string> kBitNeutralStageKeys = {"workers", "prefetch"};
+
+/// A resolved curriculum without what cannot change training (kRunOutputKeys of [run],
+/// kBitNeutralStageKeys of every stage): the text fingerprints and sweep keys are taken from.
+inline void leave_out_bit_neutral(toml::table& resolved) {
+  if (auto* run = resolved["run"].as_table())
+    for (const auto& k : kRunOutputKeys) run->erase(k);
+  if (auto* stages = resolved["stages"].as_array())
+    for (auto& s : *stages)
+      if (auto* t = s.as_table())
+        for (const auto& k : kBitNeutralStageKeys) t->erase(k);
+}
+
 /// Stage keys that a stage inherits from earlier stages and [defaults].
 inline const std::vector<std::string> kInheritable = {"data", "batch_size", "shuffle", "drop_last", "workers", "prefetch", "loss",
                                                       "optimizer", "schedule", "clock", "grad_accum",

@@ -47,8 +47,7 @@ Expected<Plan> plan(const fs::path& file, const SweepOptions& o, const SweepPoin
   } catch (const toml::parse_error& e) {
     return fail(ErrorCode::invalid_spec, fmt::format("the resolved configuration does not read back: {}", e.description()));
   }
-  if (auto* run = t["run"].as_table())
-    for (const auto& k : detail::kRunOutputKeys) run->erase(k);
+  detail::leave_out_bit_neutral(t);
   toml::table head;
   for (const char* key : {"run", "model", "datasets"})
     if (const auto* n = t.get(key)) n->visit([&](auto&& v) { head.insert(key, v); });

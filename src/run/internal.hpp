@@ -45,6 +45,9 @@ std::string numerics_changes(const std::string& before, const std::string& now);
 /// (`.<name>.tmp-<pid>`): never valid checkpoints, removed (saying so) so they do not pile up.
 void remove_unfinished_writes(const std::filesystem::path& dir);
 
+/// Creates `dir` and dir/checkpoints, or says what stands in the way (a file, a dangling link).
+Expected<void> make_run_directory(const std::filesystem::path& dir);
+
 /// Names baton writes in `dir` held by what its writes cannot replace (a directory where a
 /// checkpoint, the final state, config or report goes; anything but a regular file where metrics
 /// are appended: a FIFO would block): an error naming it, before anything trains.

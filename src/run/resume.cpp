@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/torch.h>
 
 #include "baton/checkpoint.hpp"
@@ -100,12 +101,16 @@ Expected<std::optional<Resume>> find_resume(const fs::path& dir, const ResumeChe
     if (info->meta.config_fingerprint != fingerprint) {
       std::string before;
       if (std::ifstream old(dir / "config.toml"); old) before.assign(std::istreambuf_iterator<char>(old), {});
+      auto changes = config_diff(before, config);
+      if (changes.empty())
+        changes = "  (none in the text: the checkpoint was written by a baton whose fingerprint covered other "
+                  "settings, or config.toml was edited)\n";
       return fail(ErrorCode::invalid_spec,
                   fmt::format("{} holds a run of another configuration (its checkpoint {} has fingerprint {}, this "
                               "one {}); resuming would not train what the file says. Changes:\n{}Run with --fresh to "
                               "start over (its checkpoints and metrics are removed), or use another --run-dir",
                               dir.string(), path.filename().string(), info->meta.config_fingerprint.substr(0, 12),
-                              fingerprint.substr(0, 12), config_diff(before, config)));
+                              fingerprint.substr(0, 12), changes));
     }
     if (check.stages)
       if (const auto why = misplaced(*info, *check.stages); !why.empty()) {
@@ -117,14 +122,20 @@ Expected<std::optional<Resume>> find_resume(const fs::path& dir, const ResumeChe
     // Checkpoints from before the record existed (no "numerics") resume as they always did.
     if (const auto num = info->meta.extra.find("numerics"); num != info->meta.extra.end()) {
       if (const auto changes = numerics_changes(num->second, check.numerics); !changes.empty()) {
-        if (!check.accept_runtime_change)
+        if (!check.accept_runtime_change) {
+          // How to get the same settings back, for what changed ("threads 2 -> 1, ranks 2 -> 1").
+          std::vector<std::string> how;
+          auto changed = [&](std::string_view key) { return (", " + changes).find(fmt::format(", {} ", key)) != std::string::npos; };
+          if (changed("threads")) how.emplace_back("the same threads ([run] threads, or --set run.threads=N)");
+          if (changed("ranks")) how.emplace_back("as many processes as before (baton run --nproc N, or WORLD_SIZE)");
+          if (how.empty()) how.emplace_back("the same LibTorch, CPU kernels and BLAS (another machine or build changed them)");
           return fail(ErrorCode::invalid_spec,
                       fmt::format("{} was written where the numerics differ from this process's ({}): resuming here "
-                                  "would not give the bits of an uninterrupted run. Resume with the same settings "
-                                  "(threads: [run] threads or --set run.threads=N), or accept the change with "
-                                  "--accept-runtime-change (RunOptions::accept_runtime_change); the run then "
-                                  "records that it is no longer bit-exact",
-                                  path.string(), changes));
+                                  "would not give the bits of an uninterrupted run. Resume with {}, or accept the "
+                                  "change (baton run --accept-runtime-change; in C++, RunOptions::accept_runtime_change): "
+                                  "the run then records that it is no longer bit-exact",
+                                  path.string(), changes, fmt::join(how, " and ")));
+        }
         not_bit_exact += fmt::format("{}resumed from {} with {}", not_bit_exact.empty() ? "" : "; ",
                                      path.filename().string(), changes);
       }
@@ -158,6 +169,7 @@ constexpr std::array<const char*, 5> kRunFiles = {"metrics.jsonl", "metrics.csv"
 std::string_view kind_of(fs::file_type t) {
   switch (t) {
     case fs::file_type::directory: return "a directory";
+    case fs::file_type::regular: return "a regular file";
     case fs::file_type::fifo: return "a FIFO";
     case fs::file_type::socket: return "a socket";
     case fs::file_type::block:
@@ -166,6 +178,26 @@ std::string_view kind_of(fs::file_type t) {
   }
 }
 }  // namespace
+
+Expected<void> make_run_directory(const fs::path& dir) {
+  std::error_code ec;
+  // What stands in the way, named: create_directories says only "File exists" or "Not a directory".
+  for (const fs::path& p : {dir, dir / "checkpoints"}) {
+    const auto st = fs::symlink_status(p, ec);
+    if (ec || !fs::exists(st)) continue;
+    if (fs::is_symlink(st) && !fs::exists(p, ec))
+      return fail(ErrorCode::io, fmt::format("{}: is a symbolic link to {}, which does not exist; create that directory, "
+                                             "remove the link, or use another run directory", p.string(),
+                                             fs::read_symlink(p, ec).string()));
+    if (!fs::is_directory(p, ec))
+      return fail(ErrorCode::io, fmt::format("{}: is {}, where baton keeps {}; move it away or use another run directory "
+                                             "(nothing was trained)", p.string(), kind_of(fs::status(p, ec).type()),
+                                             p == dir ? "the run directory" : "the run's checkpoints"));
+  }
+  fs::create_directories(dir / "checkpoints", ec);
+  if (ec) return fail(ErrorCode::io, fmt::format("{}: cannot create the run directory: {}", dir.string(), ec.message()));
+  return {};
+}
 
 Expected<void> check_run_files(const fs::path& dir) {
   // Checkpoints, the final state, the config and the report are written by rename, which replaces

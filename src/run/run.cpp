@@ -5,6 +5,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -108,7 +109,7 @@ class Runner {
     // From the start: a signal while the directory is opened or a checkpoint is read stops the
     // run where it stands, with a checkpoint there, like one later on.
     detail::SignalScope signals(o_.handle_signals);
-    if (auto ok = open(); !ok) return tl::unexpected(ok.error());
+    if (auto ok = open(initial); !ok) return tl::unexpected(ok.error());
     auto resume = find_resume_here(initial.factory);
     if (!resume) return tl::unexpected(resume.error());
     std::size_t first = 0;
@@ -138,21 +139,19 @@ class Runner {
   }
 
  private:
-  Expected<void> open() {
+  Expected<void> open(const TrainState& initial) {
     lead_ = !o_.distributed || o_.distributed->rank() == 0;
-    config_ = o_.config.empty() ? describe(stages_) : o_.config;
+    config_ = o_.config.empty() ? describe(stages_, &initial, &undescribed_) : o_.config;
     fingerprint_ = o_.fingerprint.empty() ? detail::sha256_hex(config_) : o_.fingerprint;
     numerics_ = fmt::format("{}; ranks={}", numerics_environment(), o_.distributed ? o_.distributed->world_size() : 1);
     if (!lead_) return {};  // rank 0 writes the directory; the others read its checkpoints
-    std::error_code ec;
-    fs::create_directories(o_.dir / "checkpoints", ec);
-    if (ec) return fail(ErrorCode::io, fmt::format("{}: cannot create the run directory: {}", o_.dir.string(), ec.message()));
+    if (auto ok = detail::make_run_directory(o_.dir); !ok) return ok;
     auto held = detail::RunLock::acquire(o_.dir);  // one writer per directory, until run returns
     if (!held) return tl::unexpected(held.error());
     lock_.emplace(std::move(*held));
     if (o_.fresh) {
       detail::remove_run_files(o_.dir);
-      fs::create_directories(o_.dir / "checkpoints", ec);
+      if (auto ok = detail::make_run_directory(o_.dir); !ok) return ok;  // checkpoints/ went if it was empty
     }
     detail::remove_unfinished_writes(o_.dir);
     if (auto ok = detail::check_run_files(o_.dir); !ok) return ok;
@@ -164,6 +163,14 @@ class Runner {
     if (o_.fresh && !lead_) return std::optional<detail::Resume>{};
     auto resume = detail::find_resume(o_.dir, {fingerprint_, config_, numerics_, o_.accept_runtime_change, &stages_}, factory);
     if (!resume || !lead_) return resume;
+    // A fingerprint of the caller's own (RunOptions::fingerprint) is the caller's word for all of it.
+    if (*resume && !undescribed_.empty() && o_.fingerprint.empty() && !o_.accept_undescribed)
+      return fail(ErrorCode::invalid_spec,
+                  fmt::format("{}: cannot resume from {}: part of this run cannot be described, so baton cannot tell "
+                              "whether it changed since the checkpoint:\n  {}\nGive each an identity that changes when "
+                              "it does (Algorithm::identity, Callback::identity, Source::identity(), Loss::name, "
+                              "Schedule::name), or resume anyway with RunOptions::accept_undescribed = true",
+                              o_.dir.string(), (*resume)->from.string(), fmt::join(undescribed_, "\n  ")));
     // The files read as one uninterrupted run: lines after the checkpoint are dropped (they are
     // logged again), and the configuration is written (checked) after the fingerprint passed.
     // Without a checkpoint (a run killed before its first) the run starts over, and so do its
@@ -317,9 +324,9 @@ class Runner {
     if (result_.final_metrics.empty() && stages_.back().evaluation)  // resumed after the last stage ended
       if (auto m = eval(stages_.back().evaluation->spec, result_.state)) result_.final_metrics = *m;
     if (!lead_) return {};
-    CheckpointMeta m{.run_name = o_.name, .config_fingerprint = fingerprint_,
-                     .stage_index = static_cast<std::int64_t>(stages_.size())};
-    if (auto ok = save_checkpoint(result_.state, o_.dir / "final.baton", with_numerics(std::move(m))); !ok) return tl::unexpected(ok.error());
+    // The last stage, done: as its stage-end checkpoint says (stage_index counts from 0).
+    if (auto ok = save_checkpoint(result_.state, o_.dir / "final.baton", meta(stages_.size() - 1, true)); !ok)
+      return tl::unexpected(ok.error());
     if (!o_.report) return {};
     // Training succeeded: a report that cannot be written is said loudly, not a failure.
     if (auto page = report::write({o_.dir}, o_.dir / "report.html"))
@@ -339,6 +346,7 @@ class Runner {
   std::int64_t resume_index_ = -1;
   std::optional<PausePoint> pause_;
   std::string config_, fingerprint_, numerics_;
+  std::vector<std::string> undescribed_;  // what describe() could not: refuses a resume
   std::optional<detail::RunLock> lock_;
   std::shared_ptr<Progress> progress_;
   std::shared_ptr<detail::MetricsWriter> metrics_;

@@ -12,6 +12,7 @@
 #include "baton/events.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
+#include "detail.hpp"
 
 namespace baton::detail {
 
@@ -30,7 +31,12 @@ struct Hooks {
     Scalars log;
     for (const auto& cb : spec.callbacks) {
       EventView view{e, spec, s, step, metrics, path, &log, &s.callback_state[cb.name]};
-      if (auto reason = cb.on_event(view); reason && !stop_reason) stop_reason = fmt::format("{}: {}", cb.name, *reason);
+      auto reason = cb.on_event(view);
+      if (reason && cb.observer)  // an observer is left out of run fingerprints: it must not steer
+        detail::raise(ErrorCode::invalid_spec,
+                      fmt::format("callback \"{}\" says it only observes (Callback::observer) but asked to stop the "
+                                  "stage ({}); set observer = false and give it an identity", cb.name, *reason));
+      if (reason && !stop_reason) stop_reason = fmt::format("{}: {}", cb.name, *reason);
     }
     if (!log.values.empty()) send(log.values);
   }

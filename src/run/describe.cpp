@@ -1,0 +1,218 @@
+// The description of a C++ run that its fingerprint is taken from (run.hpp: describe): every
+// setting that can change the bits, written from the values themselves, and nothing else.
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
+#include <torch/torch.h>
+
+#include "baton/checkpoint.hpp"
+#include "baton/run.hpp"
+#include "detail.hpp"
+#include "io.hpp"
+#include "train/carry.hpp"
+
+namespace baton {
+namespace {
+
+// A guard against a new field slipping past the fingerprint: each aggregate's field count is
+// checked here, so adding one fails to compile until it is described below or named bit-neutral.
+struct AnyField {
+  template <class T>
+  operator T() const;  // NOLINT: converts to any field's type, only in unevaluated contexts
+};
+template <class T, class... A>
+constexpr std::size_t field_count() {
+  if constexpr (requires { T{A{}..., AnyField{}}; }) return field_count<T, A..., AnyField>();
+  else return sizeof...(A);
+}
+static_assert(field_count<TrainingSpec>() == 29,
+              "TrainingSpec has a new field: describe it in stage_lines() (if it can change the bits) or list it as "
+              "bit-neutral there");
+static_assert(field_count<DataSpec>() == 6, "DataSpec has a new field: describe it in stage_lines()");
+static_assert(field_count<ModelCarry>() == 4, "ModelCarry has a new field: describe it in weights_line()");
+static_assert(field_count<KeepBest>() == 4 && field_count<LossScaling>() == 4 && field_count<EvalSchedule>() == 3,
+              "KeepBest, LossScaling or EvalSchedule has a new field: describe it in stage_lines()");
+static_assert(field_count<SgdOptions>() == 5 && field_count<AdamOptions>() == 6 && field_count<AdamWOptions>() == 6 &&
+                  field_count<RmspropOptions>() == 6 && field_count<AdagradOptions>() == 5 && field_count<ParamGroup>() == 3,
+              "an optimizer's options have a new field: describe it in optimizer_text()");
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) out += c == '"' ? std::string("\\\"") : c == '\\' ? std::string("\\\\") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string toml_strings(const std::vector<std::string>& items) {
+  std::vector<std::string> q;
+  for (const auto& i : items) q.push_back(toml_string(i));
+  return fmt::format("[{}]", fmt::join(q, ", "));
+}
+
+std::string optimizer_text(const Optimizer& o) {
+  auto text = std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, SgdOptions>)
+          return fmt::format("sgd(lr={}, momentum={}, dampening={}, weight_decay={}, nesterov={})", v.lr, v.momentum,
+                             v.dampening, v.weight_decay, v.nesterov);
+        else if constexpr (std::is_same_v<T, AdamOptions> || std::is_same_v<T, AdamWOptions>)
+          return fmt::format("{}(lr={}, betas=({}, {}), eps={}, weight_decay={}, amsgrad={})",
+                             std::is_same_v<T, AdamOptions> ? "adam" : "adamw", v.lr, v.beta1, v.beta2, v.eps,
+                             v.weight_decay, v.amsgrad);
+        else if constexpr (std::is_same_v<T, RmspropOptions>)
+          return fmt::format("rmsprop(lr={}, alpha={}, eps={}, weight_decay={}, momentum={}, centered={})", v.lr, v.alpha,
+                             v.eps, v.weight_decay, v.momentum, v.centered);
+        else
+          return fmt::format("adagrad(lr={}, lr_decay={}, weight_decay={}, initial_accumulator_value={}, eps={})", v.lr,
+                             v.lr_decay, v.weight_decay, v.initial_accumulator_value, v.eps);
+      },
+      o.options);
+  for (const auto& g : o.groups)
+    text += fmt::format(" + group [{}] lr={} weight_decay={}", fmt::join(g.patterns, " "),
+                        g.lr ? fmt::format("{}", *g.lr) : "base", g.weight_decay ? fmt::format("{}", *g.weight_decay) : "base");
+  return text;
+}
+
+std::string module_digest(const torch::nn::Module& m) {
+  std::ostringstream os;
+  os << m;  // the modules and their options (Dropout(p=0.5), Conv2d(1, 32, kernel_size=[3, 3], ...))
+  for (const auto& p : m.named_parameters()) os << '\n' << p.key() << ' ' << p.value().sizes() << ' ' << p.value().dtype();
+  for (const auto& b : m.named_buffers()) os << '\n' << b.key() << ' ' << b.value().sizes() << ' ' << b.value().dtype();
+  return detail::sha256_hex(os.str()).substr(0, 16);
+}
+
+/// One description per Dataset, however many stages share it (hashing a dataset reads it all).
+class DataIdentities {
+ public:
+  std::string operator()(const Dataset& d) {
+    const auto key = std::make_tuple(d.inputs.defined() ? d.inputs.data_ptr() : nullptr, d.size(),
+                                     d.targets.defined() ? d.targets.data_ptr() : nullptr, d.source.get(), d.name);
+    auto [it, fresh] = cache_.try_emplace(key);
+    if (fresh) it->second = d.identity();
+    return it->second;
+  }
+
+ private:
+  std::map<std::tuple<const void*, std::int64_t, const void*, const Source*, std::string>, std::string> cache_;
+};
+
+struct Writer {
+  std::string out;
+  std::vector<std::string>* undescribed;
+  std::string where;
+  void line(std::string_view key, const std::string& value) { out += fmt::format("{} = {}\n", key, value); }
+  /// A value baton cannot describe: written as such, and listed for the resume check.
+  std::string unknown(const std::string& what) {
+    if (undescribed) undescribed->push_back(fmt::format("{}: {}", where, what));
+    return toml_string("(not described: " + what + ")");
+  }
+};
+
+std::string weights_line(const ModelCarry& m) {
+  if (m.kind == ModelCarry::Kind::keep) return toml_string("keep");
+  std::string text = m.kind == ModelCarry::Kind::reinitialize ? "reinitialize" : "transfer";
+  if (m.factory) {
+    try {
+      const auto model = detail::build_model(m.factory, 0, "describe");
+      text += fmt::format(", model {}", module_digest(*model.module));
+    } catch (const std::exception& e) {
+      text += fmt::format(", model factory failed: {}", e.what());
+    }
+  }
+  if (m.kind == ModelCarry::Kind::transfer) {
+    if (m.source) text += fmt::format(", from weights {}", params_sha256(*m.source).substr(0, 16));
+    if (!m.fresh.empty()) text += fmt::format(", fresh {}", fmt::join(m.fresh, " "));
+  }
+  return toml_string(text);
+}
+
+std::string eval_line(const EvalSchedule& e, DataIdentities& data, Writer& w) {
+  std::vector<std::string> sets, metrics;
+  for (const auto& [name, set] : e.spec.sets) {
+    const auto id = data(set);
+    sets.push_back(fmt::format("{}={}", name, id.empty() ? w.unknown(fmt::format("eval set \"{}\" (its Source has no identity)", name)) : id));
+  }
+  for (const auto& m : e.spec.metrics) metrics.push_back(m.name);
+  return toml_string(fmt::format("every {}, at stage end {}, loss {}, batch {}, limit {}, weights {}, metrics [{}], sets [{}]",
+                            e.every ? e.every->to_string() : "-", e.at_stage_end, e.spec.loss.name, e.spec.batch_size,
+                            e.spec.limit ? std::to_string(*e.spec.limit) : "-", e.spec.weights.empty() ? "model" : e.spec.weights,
+                            fmt::join(metrics, " "), fmt::join(sets, "; ")));
+}
+
+void stage_lines(const TrainingSpec& s, DataIdentities& data, Writer& w) {
+  // Bit-neutral, so not here: callbacks that only observe, loggers, checkpoints, the stop flag,
+  // handle_signals, data.workers and data.prefetch (any number gives the same bits), distributed
+  // (the world size is in the numerics record of every checkpoint).
+  w.line("name", toml_string(s.name));
+  w.line("duration", toml_string(s.duration.to_string()));
+  const auto id = data(s.data.train);
+  w.line("train_data", id.empty() ? w.unknown("the training data (its Source has no identity)") : toml_string(id));
+  w.line("batch_size", std::to_string(s.data.batch_size));
+  w.line("shuffle", fmt::format("{}", s.data.shuffle));
+  w.line("drop_last", fmt::format("{}", s.data.drop_last));
+  w.line("data_seed", s.data_seed ? std::to_string(*s.data_seed) : toml_string("run"));
+  w.line("loss", s.loss.name.empty() ? w.unknown("the loss (Loss::name is empty)") : toml_string(s.loss.name));
+  w.line("optimizer", toml_string(optimizer_text(s.optimizer)));
+  w.line("optimizer_carry", toml_string(s.optimizer_carry == Carry::keep ? "keep" : "fresh"));
+  // A Schedule built without a name keeps the default "constant" (the factories say "constant(1)").
+  const bool unnamed_schedule = s.schedule.fn && s.schedule.name == "constant";
+  w.line("schedule", unnamed_schedule ? w.unknown("the schedule (Schedule::name is not set)") : toml_string(s.schedule.name));
+  w.line("schedule_clock", toml_string(s.schedule_clock == Clock::run ? "run" : "stage"));
+  w.line("weights", weights_line(s.model));
+  w.line("freeze", toml_strings(s.freeze));
+  w.line("grad_accum", std::to_string(s.grad_accum));
+  w.line("clip_grad_norm", s.clip_grad_norm ? fmt::format("{}", *s.clip_grad_norm) : toml_string("none"));
+  w.line("clip_grad_value", s.clip_grad_value ? fmt::format("{}", *s.clip_grad_value) : toml_string("none"));
+  std::vector<std::string> algos;
+  for (const auto& a : s.algorithms)
+    algos.push_back(a.identity.empty() ? w.unknown(fmt::format("algorithm \"{}\" (Algorithm::identity is empty)", a.name))
+                                       : toml_string(a.identity));
+  w.line("algorithms", fmt::format("[{}]", fmt::join(algos, ", ")));
+  std::vector<std::string> steering;
+  for (const auto& c : s.callbacks)
+    if (!c.observer)
+      steering.push_back(c.identity.empty() ? w.unknown(fmt::format("callback \"{}\" (Callback::identity is empty)", c.name))
+                                            : toml_string(c.identity));
+  w.line("callbacks", fmt::format("[{}]", fmt::join(steering, ", ")));
+  // Evaluation changes the bits only through what reads it: keep_best and stopping callbacks.
+  if (s.evaluation && (s.keep_best || !steering.empty())) w.line("evaluation", eval_line(*s.evaluation, data, w));
+  if (s.keep_best)
+    w.line("keep_best", toml_string(fmt::format("{} {}, scope {}, restore {}", s.keep_best->metric, s.keep_best->maximize ? "max" : "min",
+                                           s.keep_best->scope == KeepBest::Scope::stage ? "stage" : "run", s.keep_best->restore)));
+  w.line("on_non_finite", toml_string(s.on_non_finite == NonFinite::error ? "error" : s.on_non_finite == NonFinite::skip ? "skip" : "stop"));
+  w.line("device", toml_string(s.device.str()));
+  w.line("precision", toml_string(s.precision == Precision::fp32 ? "fp32" : s.precision == Precision::bf16 ? "bf16" : "fp16"));
+  w.line("memory_format", toml_string(s.memory_format == MemoryFormat::automatic ? "automatic"
+                                 : s.memory_format == MemoryFormat::contiguous ? "contiguous" : "channels_last"));
+  if (const auto& ls = s.loss_scaling)
+    w.line("loss_scaling", toml_string(fmt::format("init {}, growth {}, backoff {}, interval {}", ls->init, ls->growth, ls->backoff, ls->interval)));
+  w.line("deterministic", fmt::format("{}", s.deterministic));
+}
+}  // namespace
+
+std::string describe(const std::vector<TrainingSpec>& stages, const TrainState* initial, std::vector<std::string>* undescribed) {
+  Writer w{"# the stages of a C++ run (baton::describe): every setting that can change the bits\n", undescribed, "run"};
+  if (initial) {
+    w.out += "\n[run]\n";
+    w.line("seed", std::to_string(initial->seed));
+    w.line("max_duration", toml_string(initial->max_duration.to_string()));
+    if (initial->model.module) {
+      w.line("model", toml_string(module_digest(*initial->model.module)));
+      w.line("initial_weights", toml_string(params_sha256(*initial).substr(0, 16)));
+    }
+  }
+  DataIdentities data;
+  for (const auto& s : stages) {
+    w.out += "\n[[stages]]\n";
+    w.where = fmt::format("stage \"{}\"", s.name);
+    stage_lines(s, data, w);
+  }
+  return w.out;
+}
+
+std::string describe(const std::vector<TrainingSpec>& stages) { return describe(stages, nullptr, nullptr); }
+
+}  // namespace baton
