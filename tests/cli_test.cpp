@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 #include <regex>
 #include <random>
 
@@ -248,7 +249,8 @@ TEST_CASE("Ctrl-C checkpoints and exits 3 -- running again resumes to the same b
     const int rc = finish(child, log);
     INFO(log);
     CHECK(rc == 3);
-    CHECK_THAT(log, Catch::Contains("interrupted at epoch") && Catch::Contains("Resume with: baton run"));
+    // The hint names the program as it was started (here by its path), so it can be pasted.
+    CHECK_THAT(log, Catch::Contains("interrupted at epoch") && Catch::Contains(fmt::format("Resume with: {} run", BATON_EXE)));
   }
   const auto resumed = run("run " + file + " --run-dir " + (dir / "cut").string());
   INFO(resumed.out);
@@ -270,6 +272,28 @@ TEST_CASE("Ctrl-C checkpoints and exits 3 -- running again resumes to the same b
   REQUIRE(fresh.rc == 0);
   CHECK_THAT(fresh.out, !Catch::Contains("resuming from"));
   CHECK(sha_of(dir / "changed/final.baton") == expected);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("SIGINT or SIGTERM while baton starts, before any handler of its own: exit 3 and a checkpoint, never a death by signal",
+          "[cli][signals]") {
+  const auto dir = cli_dir("early-signal");
+  std::ofstream(dir / "long.toml") << kLong;
+  // From 150 ms on the process is past the dynamic loader, in LibTorch's static initialization
+  // (about a second), in the thread-policy re-exec, or reading the curriculum and its data.
+  int k = 0;
+  for (const int sig : {SIGTERM, SIGINT})
+    for (const int ms : {150, 400, 900, 1500}) {
+      const auto run_dir = dir / fmt::format("r{}", k++);
+      auto child = spawn({"run", (dir / "long.toml").string(), "--run-dir", run_dir.string()});
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      ::kill(child.pid, sig);
+      std::string log;
+      const int rc = finish(child, log);
+      INFO("signal " << sig << " after " << ms << " ms:\n" << log);
+      CHECK(rc == 3);
+      CHECK_THAT(log, Catch::Contains("interrupted at epoch"));
+    }
   fs::remove_all(dir);
 }
 
@@ -512,7 +536,7 @@ TEST_CASE("baton run --for / --until: stop cleanly, look, go on -- the pieces eq
   REQUIRE(std::regex_search(first.out, m, std::regex("paused at epoch 0, batch 7 \\(stage \"a\"\\); checkpoint (\\S+)")));
   const std::string checkpoint = m[1];
   REQUIRE(fs::is_regular_file(checkpoint));
-  CHECK_THAT(first.out, Catch::Contains("continue with: baton run " + file + pieces));
+  CHECK_THAT(first.out, Catch::Contains(std::string("continue with: ") + BATON_EXE + " run " + file + pieces));
   CHECK_FALSE(fs::exists(dir / "pieces/final.baton"));
   const auto look = run("eval --state " + checkpoint + " --data test");
   CHECK(look.rc == 0);

@@ -1,6 +1,7 @@
 // Data-parallel training on c10d (Gloo), loopback only: two ranks run as two threads of this
 // process (each its own process group over a FileStore), or as processes under `baton launch`.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 
@@ -547,5 +548,24 @@ TEST_CASE("the launcher killed (SIGKILL) or hung up (SIGHUP): its ranks stop wit
   CHECK(again.rc == 0);
   CHECK_THAT(again.out, Catch::Contains("resuming from " + (run_dir / "checkpoints").string()));
   CHECK(fs::exists(run_dir / "final.baton"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("baton run --nproc 2 on a run directory another run holds: exit 2 (invalid input), as one process gives",
+          "[distributed][launch]") {
+  const auto dir = dist_dir("busy");
+  std::ofstream(dir / "c.toml") << kDistToml;
+  const auto run_dir = (dir / "run").string();
+  // Long enough to be training still when the second command comes (it is stopped below).
+  auto holder = test::spawn(BATON_EXE, {"run", (dir / "c.toml").string(), "--run-dir", run_dir, "--set",
+                                        "run.max_duration=\"3000ep\"", "--set", "stage.main.duration=\"3000ep\""});
+  std::string log;
+  REQUIRE(test::read_until(holder, "[main] epoch", log));  // training: it holds the directory
+  const auto busy = timed_shell(fmt::format("{} run {} --run-dir {} --nproc 2", BATON_EXE, (dir / "c.toml").string(), run_dir));
+  INFO(busy.out);
+  CHECK(busy.rc == 2);
+  CHECK_THAT(busy.out, Catch::Contains("in use by another baton run"));
+  ::kill(holder.pid, SIGTERM);
+  CHECK(test::finish(holder, log) == 3);
   fs::remove_all(dir);
 }

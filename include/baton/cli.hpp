@@ -25,8 +25,13 @@ inline constexpr int exit_training_failed = 1;
 inline constexpr int exit_invalid_input = 2;
 inline constexpr int exit_interrupted = 3;
 
-/// Runs `baton run|validate|eval|inspect|report|launch` (and `--help`, `--version`) with `argv`.
-/// Link `baton::cli` (the same target name in baton's build tree and once installed).
+/// Runs `baton run|sweep|validate|eval|inspect|export|predict|pack|report|launch` (and `--help`,
+/// `--version`) with `argv`, as the `baton` program does: it first re-executes the program once
+/// with the OpenMP thread policy (`relaunch_with_thread_policy`, runtime.hpp), holds SIGINT and
+/// SIGTERM until a run's handler takes them (a signal while the program starts stops the run with
+/// exit 3, as one later does), and names the program as typed (`argv[0]`) in its hints ("Resume
+/// with: ./my_trainer run f.toml"). Call it first thing in `main`: the re-exec starts the process
+/// anew. Link `baton::cli` (the same target name in baton's build tree and once installed).
 int main(int argc, char** argv, const Registry& registry = Registry::builtin());
 
 }  // namespace baton::cli

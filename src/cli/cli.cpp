@@ -30,6 +30,7 @@
 #include "baton/sweep.hpp"
 #include "commands.hpp"
 #include "launch.hpp"
+#include "train/signals.hpp"
 
 namespace baton::cli {
 namespace {
@@ -39,6 +40,7 @@ using json = nlohmann::json;
 
 // ---------------------------------------------------------------- run
 struct RunArgs {
+  std::string program = "baton";  // as the user typed it (argv[0]): the name hints repeat
   std::string file;
   std::vector<std::string> sets;
   std::string run_dir;
@@ -75,7 +77,7 @@ int run_threads(int threads, const Distributed* group) {
 
 /// The command that goes on with this run: the same file, directory and overrides.
 std::string again(const RunArgs& a) {
-  std::string cmd = "baton run " + a.file;
+  std::string cmd = a.program + " run " + a.file;
   if (!a.run_dir.empty()) cmd += " --run-dir " + a.run_dir;
   for (const auto& s : a.sets) cmd += " --set " + s;
   return cmd;
@@ -168,6 +170,7 @@ int run(const RunArgs& a, const Registry& registry) {
 
 // ---------------------------------------------------------------- sweep
 struct SweepArgs {
+  std::string program = "baton";  // as the user typed it (argv[0])
   std::string file, dir, metric;
   std::vector<std::string> sets, grid;
   bool minimize = false;
@@ -200,7 +203,7 @@ int sweep(const SweepArgs& a, const Registry& registry) {
   const auto started = std::chrono::steady_clock::now();
   auto r = baton::sweep(a.file, *o);
   if (!r) return report(r.error());
-  std::string again = "baton sweep " + a.file;
+  std::string again = a.program + " sweep " + a.file;
   for (const auto& g : a.grid) again += " --grid '" + g + "'";
   for (const auto& s : a.sets) again += " --set " + s;
   if (!a.dir.empty()) again += " --dir " + a.dir;
@@ -238,6 +241,11 @@ int validate(const std::string& file, const std::vector<std::string>& sets, cons
   auto cur = load_curriculum(file, sets, registry);
   if (!cur) return report(cur.error());
   if (auto ok = cur->validate(); !ok) return report(ok.error());
+  if (auto specs = cur->specs())
+    for (const auto& spec : *specs)
+      if (spec.precision == Precision::bf16 && spec.device.is_cpu())
+        if (auto warning = bf16_cpu_warning())
+          fmt::print(stderr, "{}: warning: stage \"{}\" trains in bf16, but {}\n", file, spec.name, *warning);
   fmt::print("{}: valid: run \"{}\", {} stages, max duration {}, fingerprint {}\n", file, cur->run().name,
              cur->stages().size(), cur->run().max_duration.to_string(), cur->fingerprint().substr(0, 16));
   return exit_ok;
@@ -267,6 +275,16 @@ int write_report(const std::vector<std::string>& run_dirs, const std::string& ou
 }  // namespace
 
 int main(int argc, char** argv, const Registry& registry) {
+  // SIGINT/SIGTERM from the start are held until the command's handler takes over (a run's:
+  // a signal while the program starts stops the run as one later does, exit 3), or released
+  // below for commands without one. Then the thread-policy re-exec (runtime.hpp), which keeps
+  // held signals pending.
+  detail::hold_stop_signals();
+  relaunch_with_thread_policy(argv);
+  struct Release {
+    ~Release() { detail::release_stop_signals(); }
+  } release_at_end;
+  const std::string program = argc > 0 && argv[0] ? argv[0] : "baton";
   CLI::App app{"baton: train LibTorch models through pure functions, from TOML curricula"};
   app.set_version_flag("--version", fmt::format("baton {} (LibTorch {}.{}.{}, C++ library and command line)", BATON_VERSION,
                                                TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH));
@@ -340,7 +358,7 @@ int main(int argc, char** argv, const Registry& registry) {
 
   PackArgs pack_args;
   auto* pack_cmd = app.add_subcommand("pack", "A dataset of a curriculum as packed shards on disk, for training "
-                                              "from memory-mapped files (kind = \"shards\"; docs/data.md)");
+                                              "by reading records from files as batches are made (kind = \"shards\"; docs/data.md)");
   pack_cmd->add_option("config", pack_args.config, "Curriculum file that defines the dataset")->required()->check(CLI::ExistingFile);
   pack_cmd->add_option("data", pack_args.data, "Dataset name from its [datasets]")->required();
   pack_cmd->add_option("-o,--output", pack_args.out, "Directory to create (must not exist)")->required();
@@ -393,6 +411,8 @@ int main(int argc, char** argv, const Registry& registry) {
     const int rc = app.exit(e);
     return rc == 0 ? exit_ok : exit_invalid_input;
   }
+  run_args.program = sweep_args.program = program;
+  if (!*launch_cmd && !*run_cmd && !*sweep_cmd && !*node_cmd) detail::release_stop_signals();
   try {
     if (*launch_cmd) {
       launch_args.grace = std::chrono::milliseconds(static_cast<long>(launch_grace * 1000));

@@ -2,6 +2,7 @@
 #include "launch.hpp"
 
 #include "baton/cli.hpp"
+#include "train/signals.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -87,8 +88,10 @@ std::optional<int> collect_ended(const std::vector<pid_t>& pids, std::vector<std
   return pick;
 }
 
-/// The launcher's exit status: 1 when a rank failed on its own (named, with the others), else
-/// the ranks' common one: 0 when all succeeded, 3 when all stopped after a forwarded signal.
+/// The launcher's exit status: when a rank failed on its own (named, with the others), its exit
+/// code (2: invalid input, such as a run directory in use; 1: training failed), or 1 if a signal
+/// ended it; else the ranks' common one: 0 when all succeeded, 3 when all stopped after a
+/// forwarded signal.
 int exit_status(const std::vector<std::optional<int>>& statuses, std::optional<int> first_failed) {
   if (first_failed) {
     std::vector<std::string> others;
@@ -97,7 +100,8 @@ int exit_status(const std::vector<std::optional<int>>& statuses, std::optional<i
     fmt::print(stderr, "baton launch: rank {} failed ({}){}{}\n", *first_failed,
                status_text(*statuses[static_cast<std::size_t>(*first_failed)]), others.empty() ? "" : "; ",
                fmt::join(others, ", "));
-    return 1;
+    const int st = *statuses[static_cast<std::size_t>(*first_failed)];
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
   }
   // No rank failed on its own: all succeeded (0), or all stopped after a forwarded signal (3, the
   // code `baton run` gives an interrupted run, when every rank wrote or joined its checkpoint).
@@ -177,6 +181,7 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGTERM, &sa, &old_term);
   sigaction(SIGHUP, &sa, &old_hup);
   g_forward_signal = 0;
+  detail::release_stop_signals();  // one held since the start is forwarded like any later one
 
   std::vector<pid_t> pids(static_cast<std::size_t>(o.nproc), -1);
   std::vector<std::optional<int>> statuses(pids.size());

@@ -1,9 +1,6 @@
+// `baton-core`: the command line. Users start it through `baton` (src/cli/launcher.cpp), which
+// holds SIGINT/SIGTERM and sets the thread policy before LibTorch loads; started directly, it
+// does both itself from main on (baton::cli::main), a second or so later.
 #include "baton/cli.hpp"
-#include "baton/runtime.hpp"
 
-int main(int argc, char** argv) {
-  // OpenMP threads that sleep soon when they wait: a busy core elsewhere does not stall training
-  // (runtime.hpp). Re-executes once with GOMP_SPINCOUNT=1000 unless the environment chose.
-  baton::relaunch_with_thread_policy(argv);
-  return baton::cli::main(argc, argv);
-}
+int main(int argc, char** argv) { return baton::cli::main(argc, argv); }

@@ -11,6 +11,13 @@
 
 namespace baton::detail {
 
+/// Holds SIGINT and SIGTERM in this thread (blocks them: one that arrives stays pending, across an
+/// exec too) until a handler takes over: SignalScope and the launcher unblock them once theirs
+/// are installed, so a signal while a program starts is handled as one during the run, not a
+/// death by signal. A program that holds them releases them when no handler will come.
+void hold_stop_signals();
+void release_stop_signals();
+
 class SignalScope {
  public:
   explicit SignalScope(bool active);
@@ -27,6 +34,7 @@ class SignalScope {
   bool outermost_ = false;
   struct sigaction old_int_ {};
   struct sigaction old_term_ {};
+  sigset_t old_mask_{};
 };
 
 }  // namespace baton::detail
