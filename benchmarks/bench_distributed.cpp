@@ -240,6 +240,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (threads > 0) return side(threads, batches, reps, waits_dir);
+  fmt::print("# CPU: {}\n", baton::cpu_info().to_string());  // speed figures name their machine
   const std::vector<std::string> common = {"--batches", std::to_string(batches), "--reps", std::to_string(reps)};
   auto with = [&](int t) {
     auto v = common;

@@ -132,6 +132,9 @@ bool matches(const std::string& pattern, const std::string& name);
 /// Prints runtime_note() on stderr, once per process (the first fit calls it).
 void note_runtime_once();
 
+/// Prints bf16_cpu_warning() on stderr, once per process (the first bf16 fit on the CPU calls it).
+void warn_bf16_once();
+
 }  // namespace baton::detail
 
 namespace baton {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -34,8 +35,55 @@ int available_cores() {
   return hc > 0 ? static_cast<int>(hc) : 1;
 }
 
+namespace {
+/// LibTorch's "CPU capability usage: AVX2" line of show_config (the kernels dispatched to).
+std::string torch_cpu_capability() {
+  const std::string config = at::show_config();
+  const std::string key = "CPU capability usage: ";
+  const auto at = config.find(key);
+  if (at == std::string::npos) return "unknown";
+  return config.substr(at + key.size(), config.find('\n', at) - (at + key.size()));
+}
+}  // namespace
+
+CpuInfo cpu_info() {
+  CpuInfo c{"unknown", torch_cpu_capability(), false};
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const auto key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const auto value = colon + 2 <= line.size() ? line.substr(colon + 2) : std::string();
+    if (key == "model name" && c.model == "unknown") c.model = value;
+    if (key == "flags") {
+      const auto padded = " " + value + " ";
+      c.native_bf16 = padded.find(" avx512_bf16 ") != std::string::npos || padded.find(" amx_bf16 ") != std::string::npos;
+      break;  // the first processor's flags: every core of one machine has the same
+    }
+  }
+  if (const char* v = std::getenv("BATON_CPU_BF16")) {
+    if (std::string_view(v) == "native") c.native_bf16 = true;
+    if (std::string_view(v) == "emulated") c.native_bf16 = false;
+  }
+  return c;
+}
+
+std::string CpuInfo::to_string() const {
+  return fmt::format("{}, {}, bf16 {}", model, vector_isa, native_bf16 ? "native" : "emulated");
+}
+
+std::optional<std::string> bf16_cpu_warning() {
+  const auto c = cpu_info();
+  if (c.native_bf16) return std::nullopt;
+  return fmt::format("this CPU ({}) has no native bf16 (neither avx512_bf16 nor amx_bf16): LibTorch emulates it, "
+                     "and training in bf16 is several times slower than in fp32 (13x measured on an AVX2-only "
+                     "EPYC, benchmarks/README.md); use precision = \"fp32\" on this machine",
+                     c.to_string());
+}
+
 RuntimeReport inspect_runtime() {
   RuntimeReport r;
+  r.cpu = cpu_info();
   r.wait_policy = thread_wait_policy();
   r.threads = at::get_num_threads();
   std::string loaded_as;
@@ -124,22 +172,24 @@ void note_runtime_once() {
     if (auto note = runtime_note()) fmt::print(stderr, "{}\n", *note);
   });
 }
+
+void warn_bf16_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (auto warning = bf16_cpu_warning()) fmt::print(stderr, "baton: warning: bf16: {}\n", *warning);
+  });
+}
 }  // namespace detail
 
 std::string RuntimeReport::to_string() const {
-  return fmt::format("runtime: {} intra-op threads ({}), BLAS {} ({}{}), malloc {}", threads, wait_policy,
+  return fmt::format("runtime: CPU {}; {} intra-op threads ({}), BLAS {} ({}{}), malloc {}", cpu.to_string(), threads, wait_policy,
                      openblas ? "OpenBLAS" : blas_in_libtorch ? "inside LibTorch" : "NOT OpenBLAS", blas_library, blas_threads > 0 ? ", " + std::to_string(blas_threads) + " threads" : std::string(),
                      malloc_tuned ? "tuned (mmap threshold 32 MiB, no trim)" : "glibc defaults");
 }
 
 std::string numerics_environment() {
   const RuntimeReport r = inspect_runtime();
-  // show_config has a line "  - CPU capability usage: AVX2" (the kernels dispatched to).
-  std::string cpu = "unknown";
-  const std::string config = at::show_config();
-  const std::string key = "CPU capability usage: ";
-  if (const auto at = config.find(key); at != std::string::npos)
-    cpu = config.substr(at + key.size(), config.find('\n', at) - (at + key.size()));
+  const std::string cpu = torch_cpu_capability();
   // baton's own choices of kernels count too: kBatonKernels is raised whenever a change of baton
   // makes the same spec train other bits on the same machine, so that a run directory started
   // before it is not resumed silently on other kernels. 2: memory_format "auto" is channels_last

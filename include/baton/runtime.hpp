@@ -29,6 +29,24 @@ struct RuntimeOptions {
   bool require_openblas = true;  ///< error if BLAS is the reference one (~16x slower): not OpenBLAS, not LibTorch's own
 };
 
+/// What this CPU computes in hardware: for speed decisions, and named with every speed figure.
+struct CpuInfo {
+  std::string model;         ///< /proc/cpuinfo's "model name", e.g. "AMD EPYC 7B13" ("unknown" elsewhere)
+  std::string vector_isa;    ///< the kernels LibTorch dispatches to: "AVX2", "AVX512", "DEFAULT", ...
+  bool native_bf16 = false;  ///< avx512_bf16 or amx_bf16: bf16 arithmetic in hardware, not emulated
+  [[nodiscard]] std::string to_string() const;  ///< "AMD EPYC 7B13, AVX2, bf16 emulated"
+};
+
+/// This machine's CPU. The environment variable BATON_CPU_BF16=native or =emulated overrides the
+/// bf16 detection (to test both behaviours on one machine, or for a CPU whose flags are wrong).
+CpuInfo cpu_info();
+
+/// The warning a bf16 stage on the CPU gets where bf16 is emulated (no avx512_bf16/amx_bf16):
+/// LibTorch then converts in software and trains several times slower than fp32 (measured 13x
+/// on an AVX2 EPYC: benchmarks/README.md). None where bf16 is native. `baton validate` prints it
+/// for each such stage, and a fit in bf16 on the CPU prints it once per process.
+std::optional<std::string> bf16_cpu_warning();
+
 struct RuntimeReport {
   int threads = 0;
   int blas_threads = 0;
@@ -37,6 +55,7 @@ struct RuntimeReport {
   bool blas_in_libtorch = false;  ///< LibTorch carries its own BLAS (PyTorch's wheels): not the slow reference one
   bool malloc_tuned = false;
   std::string wait_policy;   ///< how OpenMP's idle threads wait (thread_wait_policy())
+  CpuInfo cpu{};             ///< the CPU, its vector ISA and whether bf16 is native
   [[nodiscard]] std::string to_string() const;  ///< one line for a log
 };
 

@@ -111,6 +111,7 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
                return fail(ErrorCode::invalid_argument, fmt::format("fit: the budget: {}", ok.error().message));
            if (budget && budget->value == 0) return std::move(s);  // a zero budget changes nothing
            detail::note_runtime_once();
+           if (spec.precision == Precision::bf16 && spec.device.is_cpu()) detail::warn_bf16_once();
            return train(spec, std::move(s), budget);
          })
       .map_error(add_context(fmt::format("stage \"{}\"", spec.name)));
