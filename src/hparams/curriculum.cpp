@@ -96,6 +96,7 @@ Expected<ModelCard> Curriculum::model_card(const std::string& name) const {
     card.mean = (*d)["mean"].value<double>().value_or(image.mean);  // fashion-mnist takes none: the defaults
     card.std = (*d)["std"].value<double>().value_or(image.std);
     if (kind == "fashion-mnist") card.classes = data::fashion_mnist_classes();
+    if (kind == "image_folder") card.classes = detail::class_names(ds->source);  // its class directories' names
   } else if (kind == "csv") {
     std::filesystem::path path = (*d)["path"].value<std::string>().value_or("");
     if (path.is_relative() && !impl_->doc->base_dir.empty()) path = impl_->doc->base_dir / path;
@@ -153,26 +154,62 @@ class ModelsSeen {
   ModelsSeen(Expected<ModelFactory> base, std::uint64_t seed) : base_(std::move(base)), seed_(seed) {}
   /// The stage's model (its own factory if it replaces the model), or null where none can be built
   /// (that problem is reported elsewhere).
-  const torch::nn::Module* of(const TrainingSpec& spec, Problems& all) {
+  const Model* of(const TrainingSpec& spec, Problems& all) {
     const bool own = static_cast<bool>(spec.model.factory);
     if (!own && !base_) return nullptr;
     auto [it, fresh] = built_.try_emplace(own ? spec.name : std::string());
     if (fresh) {
       const ModelFactory& f = own ? spec.model.factory : *base_;
-      auto m = detail::guard([&]() -> Expected<std::shared_ptr<torch::nn::Module>> {
-        return detail::build_model(f, seed_, spec.name).module;
-      });
+      auto m = detail::guard([&]() -> Expected<Model> { return detail::build_model(f, seed_, spec.name); });
       if (!m) all.list.push_back(fmt::format("{}: stage \"{}\": building the model failed: {}", all.source, spec.name, m.error().message));
-      it->second = m ? *m : nullptr;
+      it->second = m ? std::optional<Model>(std::move(*m)) : std::nullopt;
     }
-    return it->second.get();
+    return it->second ? &*it->second : nullptr;
   }
 
  private:
   Expected<ModelFactory> base_;
   std::uint64_t seed_;
-  std::map<std::string, std::shared_ptr<torch::nn::Module>> built_;  // "": the curriculum's model
+  std::map<std::string, std::optional<Model>> built_;  // "": the curriculum's model
 };
+
+/// Why the stage's model cannot train on or be evaluated on its data, found by one forward pass
+/// and the loss on the first two samples of each set, and the labels' range against the model's
+/// outputs (a label the first samples do not hold would fail in the middle of training).
+std::optional<std::string> data_problem(const TrainingSpec& spec, const Model& model) {
+  std::vector<std::pair<std::string, const Dataset*>> sets = {{"training data", &spec.data.train}};
+  if (spec.evaluation)
+    for (const auto& [name, d] : spec.evaluation->spec.sets) sets.emplace_back(fmt::format("eval set \"{}\"", name), &d);
+  torch::NoGradGuard no_grad;
+  model.module->eval();  // this instance is validation's own: BatchNorm takes a batch of one
+  for (const auto& [what, d] : sets) {
+    const auto n = d->size();
+    if (n == 0) continue;
+    auto batch = d->range(0, std::min<std::int64_t>(2, n));
+    if (!batch) return fmt::format("reading the {} failed: {}", what, batch.error().message);
+    torch::Tensor out;
+    auto forward = detail::guard([&]() -> Expected<void> {
+      out = model.forward(batch->inputs);
+      return {};
+    });
+    if (!forward)
+      return fmt::format("the model cannot take the {} (\"{}\", each sample {}): {}", what, d->name,
+                         detail::shape_string(batch->inputs[0]), forward.error().message);
+    const auto& loss = what == "training data" ? spec.loss : spec.evaluation->spec.loss;
+    auto scored = detail::guard([&]() -> Expected<void> {
+      (void)loss.fn(out, batch->targets);
+      return {};
+    });
+    if (!scored)
+      return fmt::format("the model's output {} does not fit the {} (\"{}\") and the loss \"{}\": {}", detail::shape_string(out),
+                         what, d->name, loss.name, scored.error().message);
+    if (d->class_targets() && out.dim() == 2 && d->classes() > out.size(1))
+      return fmt::format("the model gives {} class scores, but the labels of the {} (\"{}\") go up to {} ({} classes); make "
+                         "the model's classes at least {} (e.g. [model] classes = {})",
+                         out.size(1), what, d->name, d->classes() - 1, d->classes(), d->classes(), d->classes());
+  }
+  return std::nullopt;
+}
 
 /// Builds every stage and its evaluation plan, adding their problems.
 void check_stages(const Curriculum& cur, Problems& all) {
@@ -188,8 +225,8 @@ void check_stages(const Curriculum& cur, Problems& all) {
       continue;
     }
     if (const auto* m = models.of(*spec, all))
-      if (auto problem = detail::pattern_problem(*spec, *m))
-        all.list.push_back(fmt::format("{}: stage \"{}\": {}", all.source, spec->name, *problem));
+      for (auto problem : {detail::pattern_problem(*spec, *m->module), data_problem(*spec, *m)})
+        if (problem) all.list.push_back(fmt::format("{}: stage \"{}\": {}", all.source, spec->name, *problem));
     // A stage longer than the whole run can never be trained as written.
     const auto n = spec->data.train.size(), bs = spec->data.batch_size;
     auto batches = [&](Time t) { return detail::batches_in(t, run.max_duration, n, bs, spec->data.drop_last); };
@@ -352,11 +389,10 @@ Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
      << "# made absolute, so that baton eval and baton export read the same files from this directory.\n"
      << copy << "\n";
   impl.run_copy = cs.str();
-  // The fingerprint leaves out what does not change training (where to write), and threads: what
+  // The fingerprint leaves out what does not change training (where to write, data workers), and threads: what
   // the machine changes is checked on resume by numerics_environment (run.hpp). It is the same for
   // a file and its resolved form.
-  if (auto* run = head["run"].as_table())
-    for (const auto& k : detail::kRunOutputKeys) run->erase(k);
+  detail::leave_out_bit_neutral(head);
   std::ostringstream fps;
   fps << head;
   impl.fingerprint = detail::sha256_hex(fps.str());
