@@ -6,6 +6,8 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <torch/torch.h>  // torch::nn for the model below
+
 #include <baton/baton.hpp>
 #include <baton/testing_catch.hpp>
 
