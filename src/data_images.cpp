@@ -33,17 +33,45 @@ bool image_name(const fs::path& p) {
   return known.count(ext) > 0;
 }
 
+/// `e`, a directory entry in the folder, as the folder's layout reads it: a directory (`dir`
+/// true) or a regular file; anything else (a FIFO, a device, a link that cannot be followed)
+/// is an error naming it, never skipped without a word.
+Expected<bool> entry_kind(const fs::directory_entry& e, bool class_level) {
+  std::error_code ec;
+  const auto st = e.status(ec);
+  if (ec)
+    return fail(ErrorCode::io, fmt::format("{}: cannot be followed ({}: a symbolic link loop, or a link whose target "
+                                           "is gone); remove it or point it at a {}",
+                                           e.path().string(), ec.message(), class_level ? "class directory" : "file"));
+  if (fs::is_directory(st)) return true;
+  if (fs::is_regular_file(st)) return false;
+  return fail(ErrorCode::io, fmt::format("{}: is {}, not {} of an image folder (root/<class>/<image>); move it away",
+                                         e.path().string(),
+                                         fs::is_fifo(st) ? "a FIFO" : fs::is_socket(st) ? "a socket" : "a device",
+                                         class_level ? "a class directory" : "an image file"));
+}
+
 Expected<std::vector<Item>> from_root(const fs::path& root, std::vector<std::string>& classes) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return fail(ErrorCode::io, fmt::format("{}: not a directory (the image folder's root)", root.string()));
-  for (const auto& e : fs::directory_iterator(root, ec))
-    if (e.is_directory()) classes.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    auto dir = entry_kind(e, true);
+    if (!dir) return tl::unexpected(dir.error());
+    if (*dir) classes.push_back(e.path().filename().string());
+  }
   std::sort(classes.begin(), classes.end());
   std::vector<Item> items;
-  for (std::size_t c = 0; c < classes.size(); ++c) {
+  for (std::size_t c = 0; c < classes.size() && !ec; ++c) {
     std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(root / classes[c], ec))
-      if (e.is_regular_file() && image_name(e.path())) files.push_back(e.path());
+    for (const auto& e : fs::directory_iterator(root / classes[c], ec)) {
+      auto dir = entry_kind(e, false);
+      if (!dir) return tl::unexpected(dir.error());
+      if (*dir)
+        return fail(ErrorCode::data, fmt::format("{}: a directory inside the class directory \"{}\"; an image folder is "
+                                                 "root/<class>/<image>, one level: move it out, or use a list file",
+                                                 e.path().string(), classes[c]));
+      if (image_name(e.path())) files.push_back(e.path());
+    }
     std::sort(files.begin(), files.end());
     for (auto& f : files) items.push_back({std::move(f), static_cast<std::int64_t>(c)});
   }
@@ -67,6 +95,11 @@ Expected<std::vector<Item>> from_list(const fs::path& list, std::vector<std::str
     rows.emplace_back(list.parent_path() / path, label);
   }
   if (rows.empty()) return fail(ErrorCode::data, fmt::format("{}: no images listed", list.string()));
+  // A label that reads as a negative number is a mistake, not a class name.
+  for (const auto& [path, label] : rows)
+    if (label.size() > 1 && label[0] == '-' && std::all_of(label.begin() + 1, label.end(), [](unsigned char c) { return std::isdigit(c); }))
+      return fail(ErrorCode::data, fmt::format("{}: {}: label {} is negative; labels are class indices 0, 1, ... or "
+                                               "class names", list.string(), path.filename().string(), label));
   const bool numeric = std::all_of(rows.begin(), rows.end(), [](const auto& r) {
     return r.second.size() < 10 && std::all_of(r.second.begin(), r.second.end(), [](unsigned char c) { return std::isdigit(c); });
   });
@@ -84,13 +117,26 @@ Expected<std::vector<Item>> from_list(const fs::path& list, std::vector<std::str
   return items;
 }
 
-class ImageSource final : public Source {
+class ImageSource final : public Source, public detail::ClassNames {
  public:
-  ImageSource(std::vector<Item> items, std::int64_t classes, const ImageFolderOptions& o, int h, int w)
-      : items_(std::move(items)), classes_(classes), o_(o), h_(h), w_(w) {}
+  ImageSource(std::vector<Item> items, std::vector<std::string> names, const ImageFolderOptions& o, int h, int w)
+      : items_(std::move(items)), classes_(static_cast<std::int64_t>(names.size())), names_(std::move(names)), o_(o), h_(h), w_(w) {}
+  std::vector<std::string> class_names() const override { return names_; }
   std::int64_t size() const override { return static_cast<std::int64_t>(items_.size()); }
   std::vector<std::int64_t> input_shape() const override { return {o_.channels, h_, w_}; }
   std::int64_t classes() const override { return classes_; }
+  /// The files (path, size, modification time) with their labels, and how they become inputs.
+  std::string identity() const override {
+    detail::Sha256 sha;
+    for (const auto& it : items_) {
+      std::error_code ec;
+      const auto size = fs::file_size(it.file, ec);
+      const auto time = fs::last_write_time(it.file, ec).time_since_epoch().count();
+      sha.update(fmt::format("{}\t{}\t{}\t{}\n", it.file.string(), it.label, ec ? 0 : size, ec ? 0 : time));
+    }
+    return fmt::format("image files sha256 {}, {}x{}x{}, normalize={} mean={} std={}", detail::hex(sha.finish()).substr(0, 16),
+                       o_.channels, h_, w_, o_.scale.normalize, o_.scale.mean, o_.scale.std);
+  }
 
   Expected<Batch> batch(const torch::Tensor& indices, const SampleContext&) const override {
     const auto idx = indices.to(torch::kLong).contiguous();
@@ -136,6 +182,7 @@ class ImageSource final : public Source {
 
   std::vector<Item> items_;
   std::int64_t classes_;
+  std::vector<std::string> names_;
   ImageFolderOptions o_;
   int h_, w_;
 };
@@ -174,8 +221,7 @@ Expected<ImageFolder> image_folder(const ImageFolderOptions& o) {
     kept.push_back(std::move(it));
   }
   if (kept.empty()) return fail(ErrorCode::data, fmt::format("{}: no images{}", where.string(), out.skipped.empty() ? "" : " that stb can read"));
-  const auto classes = static_cast<std::int64_t>(out.classes.size());
-  out.dataset = make_dataset(std::make_shared<ImageSource>(std::move(kept), classes, o, h, w), where.filename().string());
+  out.dataset = make_dataset(std::make_shared<ImageSource>(std::move(kept), out.classes, o, h, w), where.filename().string());
   return out;
 }
 

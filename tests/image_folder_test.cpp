@@ -1,5 +1,6 @@
 // Image folders (#18 item 3): root/<class>/<image> and path,label lists, decoded in the loop's
 // workers, checked against the tensors they were written from.
+#include <sys/stat.h>
 #include <fstream>
 
 #include <baton/images.hpp>
@@ -57,6 +58,13 @@ TEST_CASE("an image folder generated from Fashion-MNIST round-trips to the same 
   REQUIRE(back.has_value());
   REQUIRE(torch::equal(back->inputs, expected.inputs));
   REQUIRE(torch::equal(back->targets, expected.targets));
+  // The default scaling, in C++ as in TOML (kind = "image_folder"): pixels / 255, nothing more.
+  baton::data::ImageFolderOptions plain;
+  plain.root = dir.path / "root";
+  const auto unscaled = baton::data::materialize(test::ok(baton::data::image_folder(plain)).dataset);
+  REQUIRE(unscaled.has_value());
+  CHECK(unscaled->inputs.min().item<float>() >= 0.0f);
+  CHECK(unscaled->inputs.max().item<float>() == 1.0f);  // Fashion-MNIST has white pixels
 
   // Trained with 2 workers decoding: the bits of the in-memory tensors.
   auto spec = test::spec(expected, baton::Time::epochs(1));
@@ -103,6 +111,34 @@ TEST_CASE("an image list of path,label lines, and resizing to a fixed size", "[i
   REQUIRE(small->dataset.range(0, 5)->inputs.sizes() == torch::IntArrayRef({5, 1, 14, 20}));
 }
 
+TEST_CASE("what an image folder cannot hold is named: a FIFO, a nested directory, a link loop, a negative list label",
+          "[image_folder]") {
+  test::TempDir dir;
+  write_folder(dir.path / "root", 20);
+  const auto root = dir.path / "root";
+  auto error_of = [&](const baton::data::ImageFolderOptions& o) {
+    auto r = baton::data::image_folder(o);
+    REQUIRE_FALSE(r.has_value());
+    return r.error().message;
+  };
+  REQUIRE(::mkfifo((root / "c1" / "pipe.png").c_str(), 0600) == 0);
+  CHECK_THAT(error_of(fashion_like(root)), Catch::Contains("pipe.png: is a FIFO, not an image file"));
+  fs::remove(root / "c1" / "pipe.png");
+  fs::create_directories(root / "c2" / "more");
+  CHECK_THAT(error_of(fashion_like(root)), Catch::Contains("more: a directory inside the class directory \"c2\""));
+  fs::remove(root / "c2" / "more");
+  fs::create_directory_symlink(root / "c9" / "loop", root / "c9" / "loop");
+  fs::create_directory_symlink("zz", root / "zz");  // a class directory that is a link to itself
+  CHECK_THAT(error_of(fashion_like(root)), Catch::Contains("zz: cannot be followed") && !Catch::Contains("[torch]"));
+  fs::remove(root / "zz");
+  fs::remove(root / "c9" / "loop");
+  std::ofstream(dir.path / "list.csv") << "root/c0/" << fs::directory_iterator(root / "c0")->path().filename().string()
+                                        << ",-3\n";
+  auto o = fashion_like({});
+  o.list = dir.path / "list.csv";
+  CHECK_THAT(error_of(o), Catch::Contains("label -3 is negative"));
+}
+
 TEST_CASE("a corrupt image is a clear error, or skipped and counted when asked", "[image_folder]") {
   test::TempDir dir;
   write_folder(dir.path / "root", 40);
@@ -139,4 +175,31 @@ TEST_CASE("a corrupt image is a clear error, or skipped and counted when asked",
   REQUIRE_FALSE(mixed.has_value());
   REQUIRE(mixed.error().message.find("zz-big.png: a 30x30 image where the first is 28x28; set height and width") !=
           std::string::npos);
+}
+
+TEST_CASE("an image folder's class names reach the model card that export --inference writes", "[image_folder]") {
+  test::TempDir dir;
+  write_folder(dir.path / "root", 40);
+  const auto toml = fmt::format(R"([run]
+max_duration = "1ep"
+[model]
+name = "mlp"
+widths = [784, 10]
+[datasets.train]
+kind = "image_folder"
+root = "{}"
+[[stages]]
+name = "s"
+duration = "1ep"
+data = "train"
+)",
+                                (dir.path / "root").string());
+  const auto cur = baton::parse_curriculum(toml, "c.toml");
+  REQUIRE(cur.has_value());
+  const auto card = cur->model_card("train");
+  if (!card) FAIL(card.error().to_string());
+  REQUIRE(card->classes.size() == 10);
+  CHECK(card->classes.front() == "c0");
+  CHECK(card->classes.back() == "c9");
+  CHECK_FALSE(card->normalize);  // the image folder's default, in C++ and TOML alike
 }

@@ -194,6 +194,45 @@ TEST_CASE("baton predict classifies image files and directories as the IDX rows 
     CHECK(rows[static_cast<std::size_t>(i)].first == fmt::format("img{}.{}", i, i % 2 == 0 ? "png" : "pgm"));
     CHECK(rows[static_cast<std::size_t>(i)].second.cls == expected[i].item<std::int64_t>());
   }
+  // The layout image folders are trained from: root/<class>/<image>, ids relative to the root.
+  const auto by_class = t.dir / "by-class";
+  fs::create_directories(by_class / "a");
+  fs::create_directories(by_class / "b");
+  fs::copy_file(dir / "img0.png", by_class / "a" / "img0.png", fs::copy_options::overwrite_existing);
+  fs::copy_file(dir / "img1.pgm", by_class / "b" / "img1.pgm", fs::copy_options::overwrite_existing);
+  r = baton_cli(fmt::format("predict {} {}", t.artifact.string(), by_class.string()));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const auto grouped = read_predictions(r.out);
+  REQUIRE(grouped.size() == 2);
+  CHECK(grouped[0].first == "a/img0.png");
+  CHECK(grouped[0].second.cls == expected[0].item<std::int64_t>());
+  CHECK(grouped[1].first == "b/img1.pgm");
+  CHECK(grouped[1].second.cls == expected[1].item<std::int64_t>());
+  // Files that are not what their names say, damaged ones, and a huge one: named, in plain words.
+  const auto odd = t.dir / "odd";
+  fs::create_directories(odd);
+  std::ofstream(odd / "empty.png");
+  std::ofstream(odd / "text.png") << "a,b\n1,2\n";
+  {
+    std::ifstream png(dir / "img0.png", std::ios::binary);
+    const std::string bytes(std::istreambuf_iterator<char>(png), {});
+    std::ofstream(odd / "cut.png", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    // A PNG whose header says 20000x20000 (only the signature and IHDR chunk are read).
+    std::string huge = bytes.substr(0, 33);
+    for (const int at : {16, 20}) huge.replace(static_cast<std::size_t>(at), 4, std::string("\x00\x00\x4e\x20", 4));
+    std::ofstream(odd / "huge.png", std::ios::binary) << huge;
+  }
+  for (const auto& [file, says] : std::vector<std::pair<std::string, std::string>>{
+           {"empty.png", "empty.png: not an image: its first bytes are no PNG"},
+           {"text.png", "text.png: not an image: its first bytes are no PNG"},
+           {"cut.png", "cut.png: a 28x28 PNG image whose pixels cannot be decoded"},
+           {"huge.png", "huge.png: a 20000x20000 image; the model takes 28x28"}}) {
+    r = baton_cli(fmt::format("predict {} {}", t.artifact.string(), (odd / file).string()));
+    INFO(r.out);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.out, Catch::Contains(says) && !Catch::Contains("no SOI") && !Catch::Contains("CSV"));
+  }
   // One file; then an image of another size, which baton does not resize.
   r = baton_cli(fmt::format("predict {} {}", t.artifact.string(), (dir / "img1.pgm").string()));
   REQUIRE(r.rc == 0);

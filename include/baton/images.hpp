@@ -26,7 +26,9 @@ struct ImageFolderOptions {
   /// image must have the first one's size (checked when opening, from the files' headers).
   std::int64_t height = 0, width = 0;
   std::int64_t channels = 1;  ///< 1 (grey), 3 (RGB) or 4; stb converts files with other channels
-  ImageOptions scale{};       ///< pixels / 255, then (x - mean) / std when normalize (data::ImageOptions)
+  /// Pixels / 255 (inputs in [0, 1]), then (x - mean) / std when `normalize` (data::ImageOptions).
+  /// Off by default, in C++ as in TOML: ImageOptions' mean and std are Fashion-MNIST's, not yours.
+  ImageOptions scale{.normalize = false};
   /// A file whose header stb cannot read is skipped (and counted) instead of failing the open. A
   /// file that fails later, when decoded, fails its batch with an error naming it.
   bool skip_corrupt = false;

@@ -1,5 +1,6 @@
 // The commands on a saved state: eval, inspect, export.
 #include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -25,6 +26,18 @@ Expected<Curriculum> run_config(const std::string& state_path, std::string confi
     std::error_code ec;
     config = (dir.filename() == "checkpoints" && !fs::exists(dir / "config.toml", ec) ? dir.parent_path() : dir) / "config.toml";
   }
+  // A C++ run's config.toml is baton::describe's record of its settings (its first line says
+  // so), not a curriculum: it names no model or datasets the command line could build.
+  std::string first;
+  if (std::ifstream in(config); in) std::getline(in, first);
+  if (first.find("(baton::describe)") != std::string::npos)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("{}: is the record of a C++ run (baton::run), not a curriculum: the command line cannot "
+                            "build its model or datasets from it. Pass --config with a curriculum whose [model] and "
+                            "[datasets] are the run's (a model of your own: a program on baton::cli::main with your "
+                            "registry), or evaluate and export from C++ (baton::eval, baton::state_dict and "
+                            "save_state_dict, save_for_inference)",
+                            config));
   auto cur = load_curriculum(config, {}, registry);
   if (!cur) return tl::unexpected(cur.error().with_context("--config (the run's config.toml)"));
   return cur;
@@ -58,6 +71,17 @@ int evaluate(const std::string& state_path, const std::string& data, std::string
   auto ds = cur->dataset(data);
   if (!ds) return report(ds.error());
   std::vector<Metric> metrics;
+  if (metric_names.empty()) {
+    // The curriculum's: those of the stage the state was written in, else of the last stage that
+    // evaluates (what the run itself reported).
+    auto specs = cur->specs();
+    if (!specs) return report(specs.error());
+    const auto info = read_checkpoint_info(state_path);
+    const TrainingSpec* pick = nullptr;
+    for (const auto& s : *specs)
+      if (s.evaluation && (!pick || pick->name != (info ? info->stage : std::string()))) pick = &s;
+    if (pick) metrics = pick->evaluation->spec.metrics;
+  }
   for (const auto& name : metric_names) {
     if (auto it = registry.metrics.find(name); it != registry.metrics.end()) metrics.push_back(it->second);
     else if (auto m = metric::builtin(name)) metrics.push_back(std::move(*m));
@@ -158,11 +182,12 @@ int predict(const PredictArgs& a, const Registry& registry) {
   if (!out) return report(out.error().with_context(a.input));
   const auto classes = out->classes.accessor<std::int64_t, 1>();
   const auto probs = out->probabilities.accessor<float, 2>();
-  std::string text = card->classes.empty() ? "input,class,probability\n" : "input,class,name,probability\n";
+  // The columns --help promises, always: `name` is empty when the artifact has no class names.
+  std::string text = "input,class,name,probability\n";
   for (std::int64_t i = 0; i < classes.size(0); ++i) {
     const auto k = classes[i];
     const auto at = static_cast<std::size_t>(k);
-    const std::string name = card->classes.empty() ? "" : (at < card->classes.size() ? csv_cell(card->classes[at]) : "") + ",";
+    const std::string name = (at < card->classes.size() ? csv_cell(card->classes[at]) : "") + ",";
     text += fmt::format("{},{},{}{:.6f}\n", csv_cell(inputs->ids[static_cast<std::size_t>(i)]), k, name, probs[i][k]);
   }
   if (a.out.empty()) {

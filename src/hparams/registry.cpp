@@ -139,7 +139,7 @@ Expected<Dataset> load_image_folder(const Params& p) {
   rd.seen("root"), rd.seen("list");
   o.height = rd.whole("height", 0, 0, 65536), o.width = rd.whole("width", 0, 0, 65536);
   o.channels = rd.whole("channels", 1, 1, 4);
-  o.scale.normalize = rd.flag("normalize", false), o.scale.mean = rd.number("mean", o.scale.mean), o.scale.std = rd.number("std", o.scale.std);
+  o.scale.normalize = rd.flag("normalize", o.scale.normalize), o.scale.mean = rd.number("mean", o.scale.mean), o.scale.std = rd.number("std", o.scale.std);
   o.skip_corrupt = rd.flag("skip_corrupt", false);
   if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
   auto folder = data::image_folder(o);

@@ -21,6 +21,29 @@ namespace fs = std::filesystem;
 
 enum class Format { idx, image, csv };
 
+/// The image format a file's first bytes announce, or "" for none.
+std::string image_signature(const std::array<unsigned char, 4>& b, std::streamsize got) {
+  if (got == 4 && b == std::array<unsigned char, 4>{0x89, 'P', 'N', 'G'}) return "PNG";
+  if (got >= 2 && b[0] == 0xff && b[1] == 0xd8) return "JPEG";
+  if (got >= 2 && b[0] == 'B' && b[1] == 'M') return "BMP";
+  if (got >= 3 && b[0] == 'G' && b[1] == 'I' && b[2] == 'F') return "GIF";
+  if (got >= 2 && b[0] == 'P' && b[1] >= '1' && b[1] <= '6') return "PGM/PPM";
+  return "";
+}
+
+std::string image_signature(const fs::path& path) {
+  std::array<unsigned char, 4> b{};
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(b.data()), b.size());
+  return image_signature(b, in.gcount());
+}
+
+bool image_extension(const fs::path& path) {
+  auto ext = path.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp" || ext == ".gif" || ext == ".pgm" || ext == ".ppm";
+}
+
 Format sniff(const fs::path& path) {
   std::array<unsigned char, 4> b{};
   std::ifstream in(path, std::ios::binary);
@@ -28,10 +51,7 @@ Format sniff(const fs::path& path) {
   const auto got = in.gcount();
   if (got >= 2 && b[0] == 0x1f && b[1] == 0x8b) return Format::idx;                     // gzip: Fashion-MNIST's .gz
   if (got == 4 && b[0] == 0 && b[1] == 0 && b[2] >= 0x08 && b[2] <= 0x0e) return Format::idx;  // IDX magic
-  if (got == 4 && (b == std::array<unsigned char, 4>{0x89, 'P', 'N', 'G'} || (b[0] == 0xff && b[1] == 0xd8) ||
-                   (b[0] == 'B' && b[1] == 'M') || (b[0] == 'G' && b[1] == 'I' && b[2] == 'F') ||
-                   (b[0] == 'P' && b[1] >= '1' && b[1] <= '6')))
-    return Format::image;
+  if (!image_signature(b, got).empty()) return Format::image;
   return Format::csv;
 }
 
@@ -44,15 +64,24 @@ Expected<torch::Tensor> read_image(const fs::path& path, const ModelCard& card) 
   const int channels = static_cast<int>(card.input_shape[0]);
   if (channels < 1 || channels > 4)
     return fail(ErrorCode::invalid_argument, fmt::format("{}: the model takes {} channels; image files have 1 to 4", path.string(), channels));
+  // The header first: a size the model cannot take is said without decoding (a 20000x20000
+  // image would take gigabytes), and stb's reason when it fails is for whichever decoder it
+  // tried last ("no SOI" of a damaged PNG), so the message names the format the file announces.
+  const auto format = image_signature(path);
   int w = 0, h = 0, n = 0;
-  unsigned char* pixels = stbi_load(path.c_str(), &w, &h, &n, channels);
-  if (!pixels) return fail(ErrorCode::data, fmt::format("{}: cannot decode the image: {}", path.string(), stbi_failure_reason()));
-  // clone: for one channel the permuted view is already contiguous and would keep pointing at `pixels`.
-  auto t = torch::from_blob(pixels, {h, w, channels}, torch::kUInt8).permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
-  stbi_image_free(pixels);
+  if (!stbi_info(path.c_str(), &w, &h, &n))
+    return fail(ErrorCode::data, fmt::format("{}: the header of this {} file cannot be read (damaged, cut, or beyond what "
+                                             "stb reads)", path.string(), format.empty() ? "image" : format));
   if (h != card.input_shape[1] || w != card.input_shape[2])
     return fail(ErrorCode::shape_mismatch, fmt::format("{}: a {}x{} image; the model takes {} (baton does not resize: "
                                                        "resize it first)", path.string(), w, h, size_text(card.input_shape)));
+  unsigned char* pixels = stbi_load(path.c_str(), &w, &h, &n, channels);
+  if (!pixels)
+    return fail(ErrorCode::data, fmt::format("{}: a {}x{} {} image whose pixels cannot be decoded (the file is damaged or cut)",
+                                             path.string(), w, h, format.empty() ? "" : format));
+  // clone: for one channel the permuted view is already contiguous and would keep pointing at `pixels`.
+  auto t = torch::from_blob(pixels, {h, w, channels}, torch::kUInt8).permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
+  stbi_image_free(pixels);
   return t;
 }
 
@@ -112,9 +141,17 @@ Expected<InputBatch> read_inputs(const std::filesystem::path& path, const ModelC
   return detail::guard([&]() -> Expected<InputBatch> {
     std::error_code ec;
     if (fs::is_directory(path, ec)) {
+      // The images of the directory, or of its sub-directories: the layout an image folder is
+      // trained from (root/<class>/<image>), read in sorted order.
       std::vector<fs::path> files;
-      for (const auto& e : fs::directory_iterator(path))
-        if (e.is_regular_file() && e.path().filename().string().front() != '.') files.push_back(e.path());
+      auto add_files = [&](const fs::path& dir) {
+        for (const auto& e : fs::directory_iterator(dir))
+          if (e.is_regular_file() && e.path().filename().string().front() != '.') files.push_back(e.path());
+      };
+      add_files(path);
+      if (files.empty())
+        for (const auto& e : fs::directory_iterator(path))
+          if (e.is_directory() && e.path().filename().string().front() != '.') add_files(e.path());
       std::sort(files.begin(), files.end());
       if (files.empty()) return fail(ErrorCode::data, fmt::format("{}: no image files in the directory", path.string()));
       if (card.input != InputKind::image)
@@ -122,7 +159,11 @@ Expected<InputBatch> read_inputs(const std::filesystem::path& path, const ModelC
       for (const auto& f : files)
         if (sniff(f) != Format::image)
           return fail(ErrorCode::data, fmt::format("{}: not an image file (PNG, JPEG, BMP, GIF, PGM/PPM)", f.string()));
-      return images(files, card);
+      auto out = images(files, card);
+      if (out)  // ids relative to the directory: "coat/0001.png" where classes have folders
+        for (std::size_t i = 0; i < files.size() && i < out->ids.size(); ++i)
+          out->ids[i] = files[i].lexically_relative(path).string();
+      return out;
     }
     if (auto ok = detail::check_regular_file(path, "input file"); !ok) return tl::unexpected(ok.error());
     switch (sniff(path)) {
@@ -133,6 +174,9 @@ Expected<InputBatch> read_inputs(const std::filesystem::path& path, const ModelC
         return images({path}, card);
       case Format::csv: break;
     }
+    if (image_extension(path))  // named as an image, but no image format's signature (text, empty, ...)
+      return fail(ErrorCode::data, fmt::format("{}: not an image: its first bytes are no PNG, JPEG, BMP, GIF or PGM/PPM "
+                                               "signature ({} bytes long)", path.string(), fs::file_size(path, ec)));
     return csv(path, card);
   });
 }
