@@ -6,7 +6,10 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/torch.h>
+
+#include "suggest.hpp"
 
 namespace baton::metric {
 namespace {
@@ -166,7 +169,9 @@ Expected<Metric> builtin(const std::string& name) {
     if (digits.size() <= 9 && digits.find_first_not_of("0123456789") == std::string::npos && digits[0] != '0')
       return top_k_accuracy(std::stoll(digits));
   }
-  return fail(ErrorCode::invalid_argument, fmt::format("unknown metric \"{}\"", name));
+  return fail(ErrorCode::invalid_argument, fmt::format("unknown metric \"{}\"{}; the built-in ones: {}, top<k>_accuracy",
+                                                       name, detail::did_you_mean(name, builtin_names()),
+                                                       fmt::join(builtin_names(), ", ")));
 }
 
 }  // namespace baton::metric

@@ -106,12 +106,13 @@ Check overfits_one_batch(const TrainingSpec& spec, const TrainState& state, cons
     const std::int64_t room = s.time.batch + o.steps;
     if (s.max_duration.unit != TimeUnit::batch || s.max_duration.value < static_cast<double>(room))
       s.max_duration = Time::batches(room);
-    double first = NAN, lowest = INFINITY;
+    double first = NAN, lowest = INFINITY, first_lr = NAN, last_lr = NAN;
     std::int64_t lowest_at = 0;
     for (std::int64_t step = 1; step <= o.steps; ++step) {
       auto r = train_step(spec, std::move(s), batch);
       if (!r) return failed(fmt::format("overfits_one_batch: step {} failed: {}", step, error_text(r.error())));
-      if (step == 1) first = r->loss;
+      if (step == 1) first = r->loss, first_lr = r->lr;
+      last_lr = r->lr;
       if (r->loss < lowest) lowest = r->loss, lowest_at = step;
       s = std::move(r->state);
       if (r->loss < o.below)
@@ -122,8 +123,11 @@ Check overfits_one_batch(const TrainingSpec& spec, const TrainState& state, cons
         "overfits_one_batch: in {} steps on one batch of {} the loss went from {:.4g} to at best {:.4g} (step {}), "
         "never below {}. A model that learns can memorise one batch: check that the loss matches the outputs, that "
         "the graph is not detached and parameters get gradients (gradients_flow), that the model is not frozen, and "
-        "the learning rate ({})",
-        o.steps, batch.inputs.size(0), first, lowest, lowest_at, o.below, spec.optimizer.lr()));
+        "the learning rate: the schedule gave {} (base {}{})",
+        o.steps, batch.inputs.size(0), first, lowest, lowest_at, o.below,
+        first_lr == last_lr ? fmt::format("{:.4g} at every step", first_lr)
+                            : fmt::format("{:.4g} at step 1 and {:.4g} at step {}", first_lr, last_lr, o.steps),
+        spec.optimizer.lr(), spec.schedule.name.empty() ? "" : ", schedule " + spec.schedule.name));
   });
 }
 

@@ -59,6 +59,32 @@ eval = { sets = ["test"] }
 )";
 }  // namespace
 
+TEST_CASE("bf16 on a CPU that emulates it: validate and the first fit warn with the cost; a native one does not",
+          "[cli][precision]") {
+  const auto dir = cli_dir("bf16");
+  std::ofstream(dir / "c.toml") << kSynthetic << "[[stages]]\nname = \"s\"\nduration = \"1ep\"\ndata = \"train\"\nprecision = \"bf16\"\n";
+  const auto file = (dir / "c.toml").string();
+  // BATON_CPU_BF16 pretends either capability, whatever this machine has.
+  const auto emulated = test::shell(fmt::format("BATON_CPU_BF16=emulated {} validate {}", BATON_EXE, file));
+  INFO(emulated.out);
+  CHECK(emulated.rc == 0);
+  CHECK_THAT(emulated.out, Catch::Contains("warning: stage \"s\" trains in bf16, but this CPU (") &&
+                               Catch::Contains("has no native bf16") && Catch::Contains("13x") &&
+                               Catch::Contains("precision = \"fp32\""));
+  const auto native = test::shell(fmt::format("BATON_CPU_BF16=native {} validate {}", BATON_EXE, file));
+  CHECK(native.rc == 0);
+  CHECK_THAT(native.out, !Catch::Contains("warning"));
+  // The fit says it once, and the runtime line names the CPU and what it does with bf16.
+  const auto trained = test::shell(fmt::format("BATON_CPU_BF16=emulated {} run {} --run-dir {}", BATON_EXE, file, (dir / "r").string()));
+  INFO(trained.out);
+  CHECK(trained.rc == 0);
+  CHECK_THAT(trained.out, Catch::Contains("runtime: CPU ") && Catch::Contains("bf16 emulated") &&
+                              Catch::Contains("baton: warning: bf16: this CPU"));
+  const auto once = trained.out.find("baton: warning: bf16");
+  CHECK(trained.out.find("baton: warning: bf16", once + 1) == std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("every malformed curriculum in tests/data/bad fails validation with its message and exit code", "[cli][bad]") {
   int checked = 0;
   for (const auto& entry : fs::directory_iterator(fs::path(BATON_SOURCE_DIR) / "tests/data/bad")) {

@@ -234,6 +234,16 @@ TEST_CASE("damaged shards are clear errors naming the file", "[data_scale]") {
     // Without verification the damage goes unseen: which is why it is on by default.
     REQUIRE(baton::data::shards(d, {.verify = false}).has_value());
   }
+  SECTION("a shard cut while it is open: said so, not a stale errno") {
+    const auto d = copy("cut");
+    auto opened = baton::data::shards(d);
+    REQUIRE(opened.has_value());
+    fs::resize_file(d / "shard-00000.bin", 16);
+    const auto b = opened->gather(torch::zeros({1}, torch::kLong));
+    REQUIRE_FALSE(b.has_value());
+    CHECK_THAT(b.error().message, Catch::Contains("the file was cut after it was opened") &&
+                                      !Catch::Contains("No such file"));
+  }
   SECTION("a missing shard, a broken manifest, an existing output") {
     const auto d = copy("missing");
     fs::remove(d / "shard-00000.bin");
@@ -244,6 +254,12 @@ TEST_CASE("damaged shards are clear errors naming the file", "[data_scale]") {
     r = baton::data::shards(d);
     REQUIRE_FALSE(r.has_value());
     REQUIRE(r.error().message.find("shards.json: not a valid shard manifest") != std::string::npos);
+    // Not JSON at all: where, in baton's words, not the JSON library's.
+    std::ofstream(d / "shards.json", std::ios::trunc) << "{\"format\": \"baton-shards\",";
+    r = baton::data::shards(d);
+    REQUIRE_FALSE(r.has_value());
+    CHECK_THAT(r.error().message, Catch::Contains("not a valid shard manifest: not JSON (a syntax error at byte") &&
+                                      !Catch::Contains("json.exception"));
     auto again = baton::data::pack(test::blobs(10), src);
     REQUIRE_FALSE(again.has_value());
     REQUIRE(again.error().message.find("already exists") != std::string::npos);

@@ -139,6 +139,8 @@ print("ok")
     CHECK_THAT(strict.error().message, Catch::Contains("not in the file: 0.weight") &&
                                            Catch::Contains("module.0.weight (not in the new model)") &&
                                            Catch::Contains("rename"));
+    // The hint is written in the syntax init_from reads: a list of [pattern, replacement] pairs.
+    CHECK_THAT(strict.error().message, Catch::Contains("rename = [[\"^old\\\\.\", \"new.\"]]"));
     const auto [loaded, report] = ok(baton::load_weights(fresh, prefixed, {.rename = {{"^module\\.", ""}}}));
     CHECK(report.copied.size() == 16);
     check_outputs(loaded);

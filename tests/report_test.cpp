@@ -440,6 +440,7 @@ TEST_CASE("the shipped curriculum's report shows the confusion matrix of val and
     if (j.value("event", "") == "stage_end" && j.value("stage", "") == "finetune") restored = j.contains("restored_best");
   }
   CHECK(restored);
+  CHECK_THAT(html, Catch::Contains("restored best: restored the best weights"));  // the stage's notes
   const std::string flags = fmt::format("--headless --no-sandbox --disable-gpu --user-data-dir={} --hide-scrollbars",
                                         (dir / "profile").string());
   const auto dom = stdout_of(fmt::format("timeout 60 {} {} --dump-dom file://{} 2>/dev/null", chromium, flags, page.string()));

@@ -109,6 +109,16 @@ TEST_CASE("overfits_one_batch fails on a loss that cannot reach zero, giving the
                             Catch::Contains("check that the loss matches the outputs"));
 }
 
+TEST_CASE("overfits_one_batch quotes the learning rate the schedule gave, not only the base one", "[testing]") {
+  // A warm-up longer than the check: the rate stays far below the base, which is what to see.
+  auto sp = spec().with_schedule(baton::schedule::linear_warmup(Time::batches(1000)), baton::Clock::run);
+  const auto c = bt::overfits_one_batch(sp, test::new_state(), bt::first_batch(sp), {.steps = 10, .below = 1e-6});
+  CHECK_FALSE(c);
+  const double base = sp.optimizer.lr();
+  CHECK_THAT(c.message, Catch::Contains(fmt::format("the schedule gave {:.4g} at step 1 and {:.4g} at step 10 (base {}",
+                                                    0.0, base * 9 / 1000, base)));
+}
+
 TEST_CASE("deterministic and split_invariant fail on randomness outside the state, naming the first difference", "[testing]") {
   const auto sp = spec();
   const auto s = state_of(baton::model_factory([] { return Counting(); }));

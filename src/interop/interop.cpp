@@ -100,8 +100,9 @@ Expected<void> check_strict(const TransferReport& r, const ImportOptions& o) {
   if (!missing.empty()) parts.push_back(fmt::format("not in the file: {}", fmt::join(missing, ", ")));
   if (!problems.empty()) parts.push_back(fmt::format("not taken: {}", fmt::join(problems, ", ")));
   return fail(ErrorCode::shape_mismatch,
-              fmt::format("the weights do not fit the model ({} copied); {}. Rename names (rename = {{ \"^old\\\\.\" = "
-                          "\"new.\" }}), list new layers in fresh, or set strict = false to take what fits",
+              fmt::format("the weights do not fit the model ({} copied); {}. Rename names (rename = [[\"^old\\\\.\", "
+                          "\"new.\"]]: a list of [pattern, replacement] pairs), list new layers in fresh, or set strict "
+                          "= false to take what fits",
                           r.copied.size(), fmt::join(parts, "; ")));
 }
 }  // namespace

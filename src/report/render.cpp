@@ -205,6 +205,7 @@ std::string stage_table(const Run& run) {
     std::vector<std::string> notes;
     if (s.starts > 1) notes.push_back(fmt::format("resumed {}×", s.starts - 1));
     if (end.contains("stop_reason")) notes.push_back("ended early: " + escape(text_or(end, "stop_reason")));
+    if (end.contains("restored_best")) notes.push_back("restored best: " + escape(text_or(end, "restored_best")));
     if (s.start && !s.end) notes.push_back("not finished");
     t += fmt::format("<tr data-stage=\"{}\"><td>{}</td><td>{} → {}</td><td>{} → {}</td><td>{}</td><td>{}</td>"
                      "<td>{:.4f}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
