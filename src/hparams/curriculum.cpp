@@ -218,6 +218,8 @@ Expected<void> Curriculum::validate() const {
   if (const auto* m = impl_->doc->root["model"].as_table(); factory && m && m->get("init_from"))
     if (auto s = init(); !s) detail::add_unique(all.list, detail::problem_lines(s.error()));
   check_stages(*this, all);
+  if (impl_->doc->root["sweep"]["metric"] && !impl_->stages.empty())  // checked here, where the last stage is built
+    if (auto last = impl_->stages.back().build()) detail::check_sweep_metric(impl_->doc->root, *last, all);
   if (all.empty()) return {};
   return tl::unexpected(all.error());
 }
