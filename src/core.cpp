@@ -15,6 +15,7 @@
 #include "baton/spec.hpp"
 #include "baton/time.hpp"
 #include "detail.hpp"
+#include "io.hpp"
 #include "params_reader.hpp"
 
 namespace baton {
@@ -382,6 +383,7 @@ TrainingSpec TrainingSpec::with_lr(double lr) const {
 Expected<void> TrainingSpec::validate() const {
   std::vector<std::string> problems;
   if (name.empty()) problems.push_back("name: empty; a stage is identified by its name (history, checkpoints, resume)");
+  else if (auto bad = detail::name_problem("name", name, detail::kStageNameUse); !bad.empty()) problems.push_back(bad);
   if (auto d = data.train.validate(); !d) problems.push_back("data.train: " + d.error().message);
   if (data.batch_size <= 0)
     problems.push_back(fmt::format("data.batch_size: must be positive, got {}", data.batch_size));
@@ -473,7 +475,7 @@ Expected<void> TrainingSpec::validate() const {
   positive(checkpoints.every, "checkpoints.every");
   if (problems.empty()) return {};
   return fail(ErrorCode::invalid_spec,
-              fmt::format("invalid spec \"{}\": {}", name, fmt::join(problems, "; ")));
+              fmt::format("invalid spec \"{}\": {}", detail::printable(name), fmt::join(problems, "; ")));
 }
 
 }  // namespace baton

@@ -46,6 +46,34 @@ std::string sha256_hex(std::string_view bytes) {
   return hex(h.finish());
 }
 
+std::string path_component_problem(std::string_view name) {
+  if (name.empty()) return "is empty";
+  if (name == "." || name == "..") return fmt::format("is \"{}\", which a path reads as a directory", name);
+  if (name.size() > kMaxNameBytes) return fmt::format("is {} bytes long, more than {}", name.size(), kMaxNameBytes);
+  for (const char c : name) {
+    if (c == '/' || c == '\\') return fmt::format("contains '{}', which would make it a path", c);
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return fmt::format("contains a control character (0x{:02x})", static_cast<int>(c));
+  }
+  return "";
+}
+
+std::string printable(std::string_view name) {
+  std::string shown;
+  for (const char c : name.substr(0, 2 * kMaxNameBytes))
+    shown += static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", static_cast<int>(c)) : std::string(1, c);
+  if (name.size() > 2 * kMaxNameBytes) shown += "...";
+  return shown;
+}
+
+std::string name_problem(std::string_view field, std::string_view name, std::string_view becomes) {
+  const auto problem = path_component_problem(name);
+  if (problem.empty()) return "";
+  const auto shown = printable(name);
+  return fmt::format("{}: \"{}\" {}; {}, so a name may hold any text but '/', '\\' and control characters, at most {} "
+                     "bytes, and may not be \".\" or \"..\"",
+                     field, shown, problem, becomes, kMaxNameBytes);
+}
+
 namespace {
 /// `what` is a callable so that errno is read before building the message can change it.
 template <class What>

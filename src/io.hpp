@@ -1,7 +1,8 @@
 #pragma once
 // The one place baton writes files and hashes bytes: atomic writes (a temporary file beside the
 // target, fsync'ed, renamed over it, the directory fsync'ed; any failure, a full disk included,
-// is an io error and leaves the previous file intact) and SHA-256.
+// is an io error and leaves the previous file intact), SHA-256, and the check of names that
+// become part of a path (stage names, run names).
 
 #include <array>
 #include <filesystem>
@@ -61,6 +62,24 @@ class AtomicFile {
 /// links", "is a directory", "is a FIFO" ... never a read that blocks forever. `what` names it
 /// in the message ("curriculum", "data file").
 Expected<void> check_regular_file(const std::filesystem::path& path, std::string_view what);
+
+/// Names that become one component of a path baton writes (a stage's "best-<stage>.baton", a
+/// sweep node's directory, "runs/<run name>"): what is wrong with `name` as such a component, or
+/// "" when nothing is. Refused: empty, "." and "..", '/' and '\\', control characters (NUL
+/// included), more than kMaxNameBytes bytes. Every place that joins a name into a path checks it
+/// with this one function, at validate, before anything trains or is written.
+std::string path_component_problem(std::string_view name);
+inline constexpr std::size_t kMaxNameBytes = 100;
+
+/// The message for a name that path_component_problem refuses, or "" for a usable one:
+/// `<field>: "<name>" <what is wrong>; <becomes>, so a name may hold ...` (`becomes`: what the
+/// name is part of, e.g. "a stage's name is part of file names in the run directory").
+std::string name_problem(std::string_view field, std::string_view name, std::string_view becomes);
+/// `name` for a one-line message: control characters as \xNN, at most 200 bytes shown.
+std::string printable(std::string_view name);
+/// `becomes` for a stage's name (TrainingSpec::name, [[stages]] name).
+inline constexpr std::string_view kStageNameUse =
+    "a stage's name is part of file names in the run directory (best-<stage>.baton) and of a sweep's node directories";
 
 /// The whole of `bytes` written to `path` through an AtomicFile; an io error on failure.
 Expected<void> write_file_atomic(const std::filesystem::path& path, std::string_view bytes, const std::string& label = "file");

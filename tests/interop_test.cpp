@@ -2,6 +2,7 @@
 // (/usr/bin/python3 with python3-torch, which scripts/common.sh installs): Python loads what baton
 // exports and gets baton's accuracy; baton loads what Python's torch.save wrote and gives Python's
 // outputs; names are remapped; damaged and unfitting files are errors that say what.
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -310,5 +311,107 @@ TEST_CASE("save_for_inference checks its card, and a model of your own loads wit
   REQUIRE_FALSE(r);
   CHECK_THAT(r.error().to_string(), Catch::Contains("cannot normalize"));
   CHECK_FALSE(fs::exists(dir / "bad.pt"));
+  fs::remove_all(dir);
+}
+
+namespace {
+/// Flips one bit in the middle of `t`'s data where `file` holds it (found by its bytes, as a
+/// tensor record of a .pt holds them raw): a damaged tensor record, which `unzip -t` reports as a
+/// bad CRC. Returns the offset of the flipped byte.
+std::size_t flip_inside(const fs::path& file, const torch::Tensor& t) {
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto c = t.contiguous();
+  const std::string data(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  const auto at = bytes.find(data);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(bytes.find(data, at + 1) == std::string::npos);
+  const std::size_t flipped = at + data.size() / 2;
+  bytes[flipped] = static_cast<char>(bytes[flipped] ^ 0x40);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  return flipped;
+}
+
+const char* kCsvCurriculum = R"(
+[run]
+name = "damaged"
+seed = 3
+max_duration = "1ep"
+[model]
+name = "mlp"
+widths = [3, 16, 3]
+[datasets.train]
+kind = "csv"
+path = "train.csv"
+target = "label"
+[[stages]]
+name = "only"
+duration = "1ep"
+batch_size = 10
+optimizer = { name = "adam", lr = 0.01 }
+)";
+}  // namespace
+
+TEST_CASE("a .pt with one byte flipped in a tensor record is refused by read_state_dict, init_from, load_for_inference and predict",
+          "[interop][inference][cli]") {
+  const auto dir = interop_dir("damaged");
+  {
+    std::ofstream csv(dir / "train.csv");
+    csv << "f0,f1,f2,label\n";
+    for (int i = 0; i < 60; ++i) csv << 0.1 * (i % 7) << ',' << 0.2 * (i % 5) << ',' << 0.3 * (i % 4) << ',' << i % 3 << '\n';
+  }
+  std::ofstream(dir / "c.toml") << kCsvCurriculum;
+  auto cur = ok(baton::load_curriculum(dir / "c.toml"));
+  const auto state = ok(cur.init());
+  const auto tensors = ok(baton::state_dict(state));
+  REQUIRE(baton::save_state_dict(tensors, dir / "w.pt"));
+  REQUIRE(baton::save_for_inference(state, ok(cur.model_card("train")), dir / "m.pt"));
+  const std::string exe = BATON_EXE;
+  const auto predict = fmt::format("{} predict {} {}", exe, (dir / "m.pt").string(), (dir / "train.csv").string());
+  // Undamaged, every path takes them.
+  REQUIRE(baton::read_state_dict(dir / "w.pt"));
+  REQUIRE(baton::load_for_inference(dir / "m.pt"));
+  REQUIRE(shell(predict).rc == 0);
+  std::string text = kCsvCurriculum;
+  text.replace(text.find("widths = [3, 16, 3]"), 19, "widths = [3, 16, 3]\ninit_from = \"w.pt\"");
+  std::ofstream(dir / "init.toml") << text;
+  REQUIRE(ok(baton::load_curriculum(dir / "init.toml")).validate());
+
+  // The largest tensor (the first layer's weights), one bit flipped in each file.
+  const auto largest = std::max_element(tensors.begin(), tensors.end(),
+                                        [](const auto& a, const auto& b) { return a.second.numel() < b.second.numel(); });
+  flip_inside(dir / "w.pt", largest->second);
+  flip_inside(dir / "m.pt", largest->second);
+  // The message names the file and the record (Catch's combined matchers cannot be returned: checked here).
+  const auto damaged = [](const std::string& text, const std::string& file) {
+    INFO(text);
+    CHECK(text.find(file + ": record '") != std::string::npos);
+    CHECK(text.find("/data/") != std::string::npos);
+    CHECK(text.find("fails its CRC-32 check: the file is damaged") != std::string::npos);
+  };
+  // The C++ API: read_state_dict, whose result load_weights takes, refuses the file.
+  const auto read = baton::read_state_dict(dir / "w.pt");
+  REQUIRE_FALSE(read);
+  CHECK(read.error().code == baton::ErrorCode::data);
+  damaged(read.error().to_string(), "w.pt");
+  // [model] init_from: refused at validate, before anything trains.
+  const auto init = ok(baton::load_curriculum(dir / "init.toml")).validate();
+  REQUIRE_FALSE(init);
+  CHECK_THAT(init.error().to_string(), Catch::Contains("model.init_from"));
+  damaged(init.error().to_string(), "w.pt");
+  const auto validated = shell(fmt::format("{} validate {}", exe, (dir / "init.toml").string()));
+  CHECK(validated.rc == 2);
+  damaged(validated.out, "w.pt");
+  // An inference artifact: load_for_inference and baton predict.
+  const auto loaded = baton::load_for_inference(dir / "m.pt");
+  REQUIRE_FALSE(loaded);
+  damaged(loaded.error().to_string(), "m.pt");
+  const auto predicted = shell(predict);
+  CHECK(predicted.rc == 2);
+  damaged(predicted.out, "m.pt");
+  CHECK(predicted.out.find("input,class") == std::string::npos);  // no predictions
   fs::remove_all(dir);
 }

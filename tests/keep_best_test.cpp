@@ -9,6 +9,8 @@
 
 #include "helpers.hpp"
 
+namespace fs = std::filesystem;
+
 namespace {
 struct Seen {
   std::int64_t batch;
@@ -223,4 +225,36 @@ TEST_CASE("keep_best and restore_best in TOML: read, inherited, checked with did
     REQUIRE_FALSE(s);
     CHECK_THAT(s.error().to_string(), Catch::Contains("restore_best: needs keep_best"));
   }
+}
+
+TEST_CASE("a stage name that is not a file name is refused before anything trains; nothing is written outside the run directory",
+          "[keep_best][run]") {
+  test::TempDir tmp;
+  // best-<stage>.baton of "../../../esc" in tmp/r, with tmp/r/best-.. a directory, is tmp/esc.baton:
+  // a user's file outside the run directory.
+  fs::create_directories(tmp.path / "r" / "best-..");
+  std::ofstream(tmp.path / "esc.baton") << "the user's own file";
+  auto first = kept_spec({.metric = "val/accuracy", .maximize = true}, 1);
+  first.name = "first";
+  const std::vector<std::string> bad_names = {"../../../esc", "x/y", "..", "a\\b", std::string("nul\0here", 8), std::string(101, 'n')};
+  for (const auto& name : bad_names) {
+    INFO(name);
+    auto bad = kept_spec({.metric = "val/accuracy", .maximize = true}, 1).with_name(name);
+    const auto valid = bad.validate();
+    REQUIRE_FALSE(valid);
+    CHECK_THAT(valid.error().message, Catch::Contains(": name: \"") && Catch::Contains("a name may hold any text but '/'"));
+    // A run checks every stage's name before the first trains.
+    const auto r = baton::run({.dir = tmp.path / "r", .progress = false}, {first, bad}, test::new_state(1, baton::Time::epochs(2)));
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error().to_string(), Catch::Contains("stages[1].name"));
+    CHECK_FALSE(fs::exists(tmp.path / "r" / "checkpoints"));
+    CHECK_FALSE(fs::exists(tmp.path / "r" / "metrics.jsonl"));
+  }
+  std::ifstream user(tmp.path / "esc.baton");
+  CHECK(std::string(std::istreambuf_iterator<char>(user), {}) == "the user's own file");
+  CHECK_THAT(kept_spec({.metric = "val/accuracy", .maximize = true}).with_name("x/y").validate().error().message,
+             Catch::Contains("\"x/y\" contains '/'") && Catch::Contains("best-<stage>.baton"));
+  // Names that are file names stay valid: spaces, dots inside, other scripts.
+  for (const char* good : {"fine tune", "stage.2", "...", "étape-1", ".hidden"})
+    CHECK(kept_spec({.metric = "val/accuracy", .maximize = true}).with_name(good).validate());
 }

@@ -326,3 +326,51 @@ TEST_CASE("the shipped curriculum's [sweep] table: four fine-tune learning rates
   CHECK(o.metric == "val/accuracy");
   CHECK(o.dir == fs::path("runs/fashion-mnist-sweep"));
 }
+
+TEST_CASE("a sweep ranked by a metric the last stage does not give is refused before anything trains, with a suggestion",
+          "[sweep][cli]") {
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "c.toml";
+  std::ofstream(file) << kCurriculum;
+  // baton::sweep with SweepOptions::metric (what --metric sets).
+  auto r = baton::sweep(file, {.dir = tmp.path / "s", .points = lr_points(), .metric = "val/acuracy", .progress = false});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == baton::ErrorCode::invalid_argument);
+  CHECK_THAT(r.error().to_string(), Catch::Contains("\"val/acuracy\" (did you mean \"val/accuracy\"?) is not a metric the last "
+                                                    "stage \"tune\" evaluates") &&
+                                        Catch::Contains("it gives val/loss, val/accuracy"));
+  CHECK_FALSE(fs::exists(tmp.path / "s"));
+  // A metric of another set, and the default (val/accuracy) on a last stage that evaluates nothing.
+  r = baton::sweep(file, {.dir = tmp.path / "s", .points = lr_points(), .metric = "train/accuracy", .progress = false});
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().to_string(), Catch::Contains("\"train/accuracy\"") && Catch::Contains("is not a metric the last stage"));
+  r = baton::sweep(file, {.dir = tmp.path / "s", .sets = {"stage.tune.eval.sets=[]"}, .points = lr_points(), .progress = false});
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().to_string(), Catch::Contains("the last stage \"tune\" evaluates nothing"));
+  CHECK_FALSE(fs::exists(tmp.path / "s"));
+
+  // The command line: --metric, exit 2, nothing trained.
+  auto [out, rc] = shell(fmt::format("{} sweep {} --grid 'stage.tune.optimizer.lr=[0.003, 0.0003]' --metric val/acuracy --dir {}",
+                                     BATON_EXE, file.string(), (tmp.path / "cli").string()));
+  INFO(out);
+  CHECK(rc == 2);
+  CHECK_THAT(out, Catch::Contains("did you mean \"val/accuracy\""));
+  CHECK_FALSE(fs::exists(tmp.path / "cli"));
+
+  // [sweep] metric in the file: validate (library and `baton validate`) refuses it with file:line.
+  std::string text = std::string(kCurriculum) + kTable;
+  text.replace(text.find("metric = \"val/accuracy\""), 23, "metric = \"val/acuracy\"");
+  std::ofstream(tmp.path / "t.toml") << text;
+  const auto cur = baton::load_curriculum(tmp.path / "t.toml");
+  REQUIRE(cur);
+  const auto valid = cur->validate();
+  REQUIRE_FALSE(valid);
+  CHECK_THAT(valid.error().to_string(), Catch::Contains("t.toml:") && Catch::Contains("sweep.metric: \"val/acuracy\" (did you mean "
+                                                                                      "\"val/accuracy\"?)"));
+  std::tie(out, rc) = shell(fmt::format("{} validate {}", BATON_EXE, (tmp.path / "t.toml").string()));
+  CHECK(rc == 2);
+  CHECK_THAT(out, Catch::Contains("sweep.metric: \"val/acuracy\""));
+  std::tie(out, rc) = shell(fmt::format("{} sweep {} --dir {}", BATON_EXE, (tmp.path / "t.toml").string(), (tmp.path / "t").string()));
+  CHECK(rc == 2);
+  CHECK_FALSE(fs::exists(tmp.path / "t"));
+}

@@ -178,7 +178,10 @@ struct LossScaling {
 /// scheduled freezing, progressive resizing, intervals) reads it against the stage as written,
 /// so a stage split into several fits, or resumed from a checkpoint, gives the same bits.
 struct TrainingSpec {
-  std::string name = "fit";                       ///< names the stage in errors and history
+  /// Names the stage in errors and history, and in file names (a run's best-<stage>.baton, a
+  /// sweep's node directories): any text but '/', '\\' and control characters, at most 100
+  /// bytes, not "." or ".." (`validate` refuses others).
+  std::string name = "fit";
   DataSpec data{};
   Loss loss = baton::loss::cross_entropy();
   Optimizer optimizer = baton::optim::sgd();

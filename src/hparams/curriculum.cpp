@@ -255,6 +255,8 @@ Expected<void> Curriculum::validate() const {
   if (const auto* m = impl_->doc->root["model"].as_table(); factory && m && m->get("init_from"))
     if (auto s = init(); !s) detail::add_unique(all.list, detail::problem_lines(s.error()));
   check_stages(*this, all);
+  if (impl_->doc->root["sweep"]["metric"] && !impl_->stages.empty())  // checked here, where the last stage is built
+    if (auto last = impl_->stages.back().build()) detail::check_sweep_metric(impl_->doc->root, *last, all);
   if (all.empty()) return {};
   return tl::unexpected(all.error());
 }
@@ -295,6 +297,9 @@ void read_run(const toml::table& root, const std::string& source, RunConfig& rc,
     p.add(run, "run.max_duration: required (e.g. max_duration = \"4ep\")");
   }
   rc.run_dir = r.string(run->get("run_dir"), "run_dir").value_or("runs/" + rc.name);
+  if (!run->get("run_dir"))  // the name becomes a directory: runs/<name>
+    if (auto bad = detail::name_problem("run.name", rc.name, "without run.run_dir the run directory is runs/<name>"); !bad.empty())
+      p.add(run->get("name") ? run->get("name") : run, bad + " (or give run.run_dir, a path of any shape)");
   if (const auto* n = run->get("checkpoint_every")) {
     rc.checkpoint_every = r.time(n, "checkpoint_every");
     if (rc.checkpoint_every && rc.checkpoint_every->value <= 0) p.add(n, "run.checkpoint_every: must be more than zero");
@@ -345,6 +350,8 @@ bool check_stage_tables(const toml::table& root, const std::string& source, Prob
       } else if (name->empty()) {
         p.add(t->get("name"), fmt::format("stages[{}].name: empty; a stage is identified by its name (in checkpoints, "
                                           "metrics and resume)", i));
+      } else if (auto bad = detail::name_problem(fmt::format("stages[{}].name", i), *name, detail::kStageNameUse); !bad.empty()) {
+        p.add(t->get("name"), bad);
       } else if (detail::contains(names, *name)) {
         p.add(t->get("name"), fmt::format("stages[{}].name: \"{}\" is used by an earlier stage; names must be unique", i, *name));
       } else {

@@ -77,6 +77,22 @@ void check_metric(const toml::node* at, const std::string& key, const std::strin
 }
 }  // namespace
 
+std::string sweep_metric_problem(const std::string& metric, const TrainingSpec& last) {
+  if (!last.evaluation)
+    return fmt::format("the last stage \"{}\" evaluates nothing, so no point would have a score{}; give it an evaluation "
+                       "(eval = {{ sets = [\"val\"] }})", last.name, metric.empty() ? "" : fmt::format(" for \"{}\"", metric));
+  const auto known = evaluated_metrics(last);
+  const std::string ranked = metric.empty() ? last.evaluation->spec.sets.front().first + "/accuracy" : metric;
+  if (std::find(known.begin(), known.end(), ranked) != known.end() || is_listed_detail(last, ranked)) return "";
+  if (metric.empty())
+    return fmt::format("the default metric \"{}\" (the accuracy of the first set the last stage \"{}\" evaluates) is not "
+                       "one that stage gives; name one with --metric or [sweep] metric: it gives {}",
+                       ranked, last.name, fmt::join(known, ", "));
+  return fmt::format("\"{}\"{} is not a metric the last stage \"{}\" evaluates (the score of a point is its last stage's "
+                     "last evaluation); it gives {}",
+                     ranked, did_you_mean(ranked, known), last.name, fmt::join(known, ", "));
+}
+
 /// The stage's eval table as a plan (the loss is the caller's to set).
 EvalPlan parse_eval(const SpecBuilder::Impl& b, Problems& p) {
   Reader r{p, fmt::format("stage \"{}\": eval.", b.name())};

@@ -135,6 +135,10 @@ struct SweepTable {
   std::optional<int> jobs;
 };
 SweepTable read_sweep_table(const toml::table& root, std::string_view text, Problems& p);
+/// A [sweep] metric the file writes, against what `last` (the last stage) evaluates: a problem at
+/// its node when no point could be scored by it (the default is checked by `sweep`, which knows
+/// whether --metric replaces it).
+void check_sweep_metric(const toml::table& root, const TrainingSpec& last, Problems& p);
 /// The points of axes (path, values as written): their product, the last varying fastest.
 std::vector<std::vector<std::string>> grid_product(const std::vector<std::pair<std::string, std::vector<std::string>>>& axes);
 
@@ -216,4 +220,9 @@ std::optional<InitFrom> read_init_from(const Document& doc, Problems& p);
 EvalPlan parse_eval(const SpecBuilder::Impl& b, Problems& p);
 void check_watched_metrics(const SpecBuilder::Impl& b, const TrainingSpec& spec, Problems& p);
 void read_keep_best(const SpecBuilder::Impl& b, Reader& r, TrainingSpec& spec);
+/// What is wrong with ranking a sweep by `metric` ("set/metric"; "": the default, the accuracy of
+/// the first set `last` evaluates) when `last` is the curriculum's last stage, whose last
+/// evaluation gives a point its score; "" when nothing is. Used by validate ([sweep] metric) and
+/// by `sweep` (SweepOptions::metric, --metric) before anything trains.
+std::string sweep_metric_problem(const std::string& metric, const TrainingSpec& last);
 }  // namespace baton::detail

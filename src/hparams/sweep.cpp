@@ -264,6 +264,13 @@ Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
     if (!p) return tl::unexpected(p.error().with_context(fmt::format("sweep point {}", point_text(point))));
     plans.push_back(std::move(*p));
   }
+  // A metric no evaluation gives would rank nothing: every score "-", the first point "best". The
+  // point is named where it is not the first (its overrides changed what the last stage evaluates).
+  for (std::size_t i = 0; i < plans.size(); ++i)
+    if (auto bad = detail::sweep_metric_problem(o.metric, plans[i].specs.back()); !bad.empty()) {
+      Error e{ErrorCode::invalid_argument, "sweep: the ranking metric (--metric, [sweep] metric, SweepOptions::metric): " + bad, {}};
+      return tl::unexpected(i == 0 ? e : e.with_context(fmt::format("sweep point {}", point_text(plans[i].overrides))));
+    }
   const Tree tree = build_tree(plans, o);
   SweepResult r;
   r.stages_trained = tree.tasks.size();

@@ -114,6 +114,14 @@ SweepTable read_sweep_table(const toml::table& root, std::string_view text, Prob
   if (out.points.empty() && p.list.size() == problems_before) p.add(node, "sweep: no points; give grid = { path = [values] } or points = [{ path = value }]");
   return out;
 }
+
+void check_sweep_metric(const toml::table& root, const TrainingSpec& last, Problems& p) {
+  const auto* t = root["sweep"].as_table();
+  const auto* n = t ? t->get("metric") : nullptr;
+  const auto metric = n ? n->value<std::string>() : std::nullopt;
+  if (!metric || metric->find('/') == std::string::npos) return;  // none, or read_sweep_table's problem
+  if (auto bad = sweep_metric_problem(*metric, last); !bad.empty()) p.add(n, "sweep.metric: " + bad);
+}
 }  // namespace detail
 
 Expected<std::vector<SweepPoint>> sweep_grid(const std::vector<std::string>& axes) {

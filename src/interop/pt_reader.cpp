@@ -9,6 +9,7 @@
 // error that says where.
 #include "detail.hpp"
 #include "interop/internal.hpp"
+#include "interop/zip_check.hpp"
 
 #include <cstring>
 #include <memory>
@@ -306,12 +307,16 @@ Expected<std::unique_ptr<caffe2::serialize::PyTorchStreamReader>> open_archive(c
   // ignores what LibTorch allocates here, so that the sanitizer builds still find baton's leaks.
   __lsan::ScopedDisabler lsan_off;
 #endif
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   try {
-    return std::make_unique<caffe2::serialize::PyTorchStreamReader>(file.string());
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(file.string());
   } catch (const c10::Error& e) {
     return fail(ErrorCode::data, fmt::format("{}: not {} (a zip archive of data.pkl and tensor records): {}", file.string(), what,
                                              torch_message(e)));
   }
+  // LibTorch's reader checks no CRC: without this, a flipped byte of a tensor loads as another weight.
+  if (auto ok = check_zip_records(file); !ok) return tl::unexpected(ok.error());
+  return reader;
 }
 
 Expected<StateDict> read_torch_save(const std::filesystem::path& file) {

@@ -48,10 +48,15 @@ Expected<void> check_stages(const RunOptions& o, const std::vector<TrainingSpec>
   if (o.dir.empty()) return fail(ErrorCode::invalid_argument, "run: RunOptions::dir is empty; name the run directory");
   if (stages.empty()) return fail(ErrorCode::invalid_argument, "run: no stages to train");
   std::set<std::string> names;
-  for (const auto& s : stages)
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const auto& s = stages[i];
+    // Checked for every stage before the first trains: a name joins file names (best-<stage>.baton).
+    if (auto bad = detail::name_problem(fmt::format("run: stages[{}].name", i), s.name, detail::kStageNameUse); !bad.empty())
+      return fail(ErrorCode::invalid_spec, bad);
     if (!names.insert(s.name).second)
       return fail(ErrorCode::invalid_spec,
                   fmt::format("run: two stages are named \"{}\"; a run resumes by stage, so give each its own name", s.name));
+  }
   return {};
 }
 
