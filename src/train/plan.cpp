@@ -90,7 +90,10 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
 
 Expected<Timestamp> fit_end(const TrainingSpec& spec, const TrainState& s, std::optional<Time> budget) {
   if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error().with_context(stage_context(spec)));
-  if (s.finished() || (budget && budget->value <= 0)) return s.time;
+  if (budget)
+    if (auto ok = detail::check_budget(*budget, "fit_end"); !ok)
+      return tl::unexpected(ok.error().with_context(stage_context(spec)));
+  if (s.finished() || (budget && budget->value == 0)) return s.time;
   const auto pos = detail::stage_position(spec, s);
   const std::int64_t n = spec.data.train.size();
   const auto end = detail::Mark::after(spec.duration, pos.stage_start, s.max_duration, n);
