@@ -132,6 +132,22 @@ bool matches(const std::string& pattern, const std::string& name);
 /// Prints runtime_note() on stderr, once per process (the first fit calls it).
 void note_runtime_once();
 
+/// `f(memory[key])`, the entry made for the call and removed again if `f` leaves it empty: a
+/// callback or algorithm that keeps nothing leaves no entry in the state (`callback_state`,
+/// `algorithm_state`), so a state compares equal to one trained without it, and to its own
+/// checkpoint (which stores no empty entries).
+template <class Map, class F>
+decltype(auto) with_memory(Map& memory, const typename Map::key_type& key, F&& f) {
+  struct DropEmpty {
+    Map& m;
+    const typename Map::key_type& key;
+    ~DropEmpty() {
+      if (auto it = m.find(key); it != m.end() && it->second.empty()) m.erase(it);
+    }
+  } drop{memory, key};
+  return std::forward<F>(f)(memory[key]);
+}
+
 }  // namespace baton::detail
 
 namespace baton {

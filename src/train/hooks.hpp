@@ -12,6 +12,7 @@
 #include "baton/events.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
+#include "detail.hpp"
 
 namespace baton::detail {
 
@@ -29,8 +30,10 @@ struct Hooks {
     if (!any_callbacks) return;
     Scalars log;
     for (const auto& cb : spec.callbacks) {
-      EventView view{e, spec, s, step, metrics, path, &log, &s.callback_state[cb.name]};
-      if (auto reason = cb.on_event(view); reason && !stop_reason) stop_reason = fmt::format("{}: {}", cb.name, *reason);
+      auto reason = with_memory(s.callback_state, cb.name, [&](std::map<std::string, double>& memory) {
+        return cb.on_event(EventView{e, spec, s, step, metrics, path, &log, &memory});
+      });
+      if (reason && !stop_reason) stop_reason = fmt::format("{}: {}", cb.name, *reason);
     }
     if (!log.values.empty()) send(log.values);
   }

@@ -75,7 +75,7 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            if (out.non_finite)
              detail::raise(ErrorCode::non_finite, fmt::format("{} at batch {}; the step was not applied", out.what, s.time.batch));
            for (const auto& a : spec.algorithms)
-             if (a.batch_end) a.batch_end(actx, s, s.algorithm_state[a.name]);
+             if (a.batch_end) detail::with_memory(s.algorithm_state, a.name, [&](Algorithm::Tensors& m) { a.batch_end(actx, s, m); });
            detail::advance(s.time, b);
            auto& r = s.history[record];
            r.last_loss = out.loss, r.last_grad_norm = out.grad_norm, r.last_lr = spec.optimizer.lr() * scale;
