@@ -1,11 +1,12 @@
 #pragma once
 // The one place baton writes files and hashes bytes: atomic writes (a temporary file beside the
-// target, fsync'ed, renamed over it, the directory fsync'ed; any failure, a full disk included,
-// is an io error and leaves the previous file intact) and SHA-256.
+// target, fsync'ed, renamed over it, the directory fsync'ed; any failure, a full disk or the
+// file-size limit included, is an io error and leaves the previous file intact) and SHA-256.
 
 #include <array>
 #include <filesystem>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <string_view>
 
@@ -61,6 +62,15 @@ class AtomicFile {
 /// links", "is a directory", "is a FIFO" ... never a read that blocks forever. `what` names it
 /// in the message ("curriculum", "data file").
 Expected<void> check_regular_file(const std::filesystem::path& path, std::string_view what);
+
+/// Why a write failed (`strerror(err)`), and where a file system refuses more bytes (a full
+/// disk, the file-size limit of ulimit -f) what to do.
+std::string write_failure(int err);
+
+/// For files written as streams (logs that append): throws an io error, "cannot write the
+/// <label> "<path>": <why>", once `out` has failed, so a full disk or the file-size limit does
+/// not lose lines without a word.
+void check_written(const std::ostream& out, const std::filesystem::path& path, std::string_view label);
 
 /// The whole of `bytes` written to `path` through an AtomicFile; an io error on failure.
 Expected<void> write_file_atomic(const std::filesystem::path& path, std::string_view bytes, const std::string& label = "file");
