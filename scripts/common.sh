@@ -18,6 +18,8 @@ PACKAGES+=(libgloo-dev)
 # PyTorch for Python (Debian's /usr/bin/python3): tests/interop_test.cpp loads baton's exported
 # weights in Python and baton loads what Python saved.
 PACKAGES+=(python3-torch)
+# scikit-learn for Python: tests/metrics_test.cpp checks the regression metrics against its own.
+PACKAGES+=(python3-sklearn)
 # stb_image decodes PNG/JPEG/BMP/PGM images for `baton predict` (src/inference/inputs.cpp).
 PACKAGES+=(libstb-dev)
 

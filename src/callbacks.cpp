@@ -24,6 +24,7 @@
 #include "baton/fit.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
+#include "io.hpp"
 
 namespace baton {
 
@@ -272,8 +273,12 @@ class TensorBoardLogger final : public Logger {
       bytes_field(summary, 1, value);
     }
     record(event(now(), t.batch, {}, summary));
+    detail::check_written(out_, path_, "TensorBoard events");
   }
-  void flush() override { out_.flush(); }
+  void flush() override {
+    out_.flush();
+    detail::check_written(out_, path_, "TensorBoard events");
+  }
   void record(const std::string& data) {
     std::string head;
     little(head, static_cast<std::uint64_t>(data.size()));
@@ -289,6 +294,7 @@ class TensorBoardLogger final : public Logger {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
   std::ofstream out_;
+  fs::path path_;
 };
 
 }  // namespace
@@ -311,6 +317,7 @@ Expected<std::shared_ptr<Logger>> tensorboard(const fs::path& dir, std::optional
   const auto secs = static_cast<std::int64_t>(TensorBoardLogger::now());
   auto l = std::make_shared<TensorBoardLogger>();
   const fs::path file = dir / fmt::format("events.out.tfevents.{}.{}.{}.baton", secs, host, ::getpid());
+  l->path_ = file;
   l->out_.open(file, std::ios::binary | std::ios::trunc);
   if (!l->out_) return fail(ErrorCode::io, fmt::format("{}: cannot open for writing: {}", file.string(), std::strerror(errno)));
   l->record(event(TensorBoardLogger::now(), 0, "brain.Event:2", {}));

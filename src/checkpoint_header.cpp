@@ -229,8 +229,8 @@ Header decode_header(const json& h, std::uint32_t version, const fs::path& path)
     }
     if (version >= 2)
       for (const auto& [cb, values] : h.at("callback_state").items()) {
-        auto& kept = out.callback_state[cb];  // a stateless callback's empty entry too
-        for (const auto& [key, value] : values.items()) kept[key] = real_of(value);
+        // A callback that kept nothing has no entry (older checkpoints hold an empty one: dropped).
+        for (const auto& [key, value] : values.items()) out.callback_state[cb][key] = real_of(value);
       }
     if (version >= 3 && h.contains("loss_scale")) {
       const json& l = h.at("loss_scale");

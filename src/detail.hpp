@@ -135,6 +135,22 @@ void note_runtime_once();
 /// Prints bf16_cpu_warning() on stderr, once per process (the first bf16 fit on the CPU calls it).
 void warn_bf16_once();
 
+/// `f(memory[key])`, the entry made for the call and removed again if `f` leaves it empty: a
+/// callback or algorithm that keeps nothing leaves no entry in the state (`callback_state`,
+/// `algorithm_state`), so a state compares equal to one trained without it, and to its own
+/// checkpoint (which stores no empty entries).
+template <class Map, class F>
+decltype(auto) with_memory(Map& memory, const typename Map::key_type& key, F&& f) {
+  struct DropEmpty {
+    Map& m;
+    const typename Map::key_type& key;
+    ~DropEmpty() {
+      if (auto it = m.find(key); it != m.end() && it->second.empty()) m.erase(it);
+    }
+  } drop{memory, key};
+  return std::forward<F>(f)(memory[key]);
+}
+
 }  // namespace baton::detail
 
 namespace baton {

@@ -51,12 +51,23 @@ Expected<TrainState> detail::with_weights(const std::string& which, const TrainS
 
 namespace {
 
-/// A metric's statistics summed over batches: integral ones as they come, floating ones row by
-/// row in sample order (float64), so the sums do not depend on the batch size.
+/// A metric's statistics over batches: integral ones summed as they come, floating ones folded
+/// row by row in sample order (float64; added, or joined with the metric's `merge`), so the
+/// result does not depend on the batch size.
 struct Sums {
+  const Metric::Merge* merge = nullptr;  // the metric's join of floating rows; null or empty: add
   torch::Tensor counts;        // integral statistics, summed
-  std::vector<double> rows{};  // floating statistics: the sum of the rows so far
+  std::vector<double> rows{};  // floating statistics: the rows so far, folded
   bool floating = false, seen = false;
+
+  /// Takes in floating statistics of later samples (one sample's row, or a rank's result).
+  void join(std::span<const double> later) {
+    if (!seen) rows.assign(later.begin(), later.end());
+    else if (merge && *merge) (*merge)(rows, later);
+    else
+      for (std::size_t j = 0; j < rows.size(); ++j) rows[j] += later[j];
+    seen = floating = true;
+  }
 
   Expected<void> add(torch::Tensor stats, std::int64_t take) {
     const bool f = stats.is_floating_point();
@@ -68,12 +79,11 @@ struct Sums {
                     fmt::format("gave floating statistics of shape {} for a batch of {}; floating statistics are one "
                                 "row per sample, [batch, k]", detail::shape_string(stats), take));
       stats = stats.to(torch::kCPU, torch::kDouble).contiguous();
-      if (!seen) rows.assign(static_cast<std::size_t>(stats.size(1)), 0.0);
-      if (static_cast<std::size_t>(stats.size(1)) != rows.size())
-        return fail(ErrorCode::shape_mismatch, fmt::format("gave rows of {} values after rows of {}", stats.size(1), rows.size()));
-      const auto a = stats.accessor<double, 2>();
-      for (std::int64_t i = 0; i < a.size(0); ++i)
-        for (std::int64_t j = 0; j < a.size(1); ++j) rows[static_cast<std::size_t>(j)] += a[i][j];
+      const auto k = static_cast<std::size_t>(stats.size(1));
+      if (seen && k != rows.size())
+        return fail(ErrorCode::shape_mismatch, fmt::format("gave rows of {} values after rows of {}", k, rows.size()));
+      const double* data = stats.data_ptr<double>();
+      for (std::int64_t i = 0; i < stats.size(0); ++i) join({data + static_cast<std::size_t>(i) * k, k});
     } else {
       stats = stats.to(torch::kCPU, torch::kLong);
       if (stats.dim() > 3) return fail(ErrorCode::shape_mismatch, fmt::format("gave counts of {} dimensions; at most 3", stats.dim()));
@@ -81,11 +91,11 @@ struct Sums {
         return fail(ErrorCode::shape_mismatch, fmt::format("gave counts of shape {} after {}", detail::shape_string(stats),
                                                            detail::shape_string(counts)));
       counts = seen ? counts + stats : stats.clone();
+      seen = true;
     }
-    seen = true;
     return {};
   }
-  /// The sums as float64 ({} when nothing was seen).
+  /// The result as float64 ({} when nothing was seen).
   [[nodiscard]] torch::Tensor total() const {
     if (!seen) return {};
     return floating ? torch::tensor(rows, torch::kDouble) : counts.to(torch::kDouble);
@@ -103,7 +113,8 @@ std::string misfit(const Metric& m, const torch::Tensor& out, const torch::Tenso
   return "";
 }
 
-/// Every rank's sums added: shapes agreed first (a rank with an empty shard saw no batch).
+/// Every rank's statistics joined, shapes agreed first (a rank with an empty shard saw no batch):
+/// counts summed; floating results gathered and joined in rank order, the order of the shards.
 Expected<std::vector<torch::Tensor>> reduce(const Distributed& d, const std::vector<Sums>& sums, const std::string& what) {
   constexpr std::int64_t kSlots = 5;  // seen, floating, d0..d2 (+1 each; 0: no such dimension)
   auto shapes = torch::zeros({static_cast<std::int64_t>(sums.size()), kSlots}, torch::kLong);
@@ -115,26 +126,51 @@ Expected<std::vector<torch::Tensor>> reduce(const Distributed& d, const std::vec
     for (std::int64_t k = 0; k < t.dim(); ++k) shapes[row][2 + k] = t.size(k) + 1;
   }
   if (auto ok = d.all_reduce({shapes}, Distributed::Op::max, what); !ok) return tl::unexpected(ok.error());
-  std::vector<torch::Tensor> totals;
+  const auto agreed = [&](std::size_t i, std::int64_t slot) { return shapes[static_cast<std::int64_t>(i)][slot].item<std::int64_t>(); };
+  // Counts: each rank's (zeros where it saw none), summed. Floating: a rank fills its own block of
+  // [world, 1 + k] (a seen flag, its row) and the sum of the blocks, each value added to zeros
+  // only, is a gather.
+  const auto world = d.world_size(), rank = d.rank();
+  std::vector<torch::Tensor> totals(sums.size());
+  std::vector<torch::Tensor> counts, gathered;
   for (std::size_t i = 0; i < sums.size(); ++i) {
-    auto t = sums[i].total();
-    if (!t.defined()) {
-      std::vector<std::int64_t> dims;
-      for (std::int64_t k = 2; k < kSlots && shapes[static_cast<std::int64_t>(i)][k].item<std::int64_t>() > 0; ++k)
-        dims.push_back(shapes[static_cast<std::int64_t>(i)][k].item<std::int64_t>() - 1);
-      t = shapes[static_cast<std::int64_t>(i)][0].item<std::int64_t>() ? torch::zeros(dims, torch::kDouble) : torch::Tensor();
+    if (!agreed(i, 0)) continue;
+    std::vector<std::int64_t> dims;
+    for (std::int64_t k = 2; k < kSlots && agreed(i, k) > 0; ++k) dims.push_back(agreed(i, k) - 1);
+    const auto mine = sums[i].total();
+    if (!agreed(i, 1)) {
+      totals[i] = mine.defined() ? mine : torch::zeros(dims, torch::kDouble);
+      counts.push_back(totals[i].reshape({-1}));
+      continue;
     }
-    totals.push_back(t);
+    auto block = torch::zeros({world, 1 + dims.at(0)}, torch::kDouble);
+    if (mine.defined()) {
+      block[rank][0] = 1.0;
+      block[rank].narrow(0, 1, dims[0]).copy_(mine);
+    }
+    gathered.push_back(block.reshape({-1}));
   }
-  std::vector<torch::Tensor> flat;
-  for (const auto& t : totals)
-    if (t.defined()) flat.push_back(t.reshape({-1}));
-  if (!flat.empty()) {
-    auto all = torch::cat(flat);
-    if (auto ok = d.all_reduce({all}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
-    std::int64_t at = 0;
-    for (auto& t : totals)
-      if (t.defined()) t = all.narrow(0, at, t.numel()).view(t.sizes()).clone(), at += t.numel();
+  auto all_counts = counts.empty() ? torch::Tensor() : torch::cat(counts);
+  auto all_gathered = gathered.empty() ? torch::Tensor() : torch::cat(gathered);
+  for (auto* t : {&all_counts, &all_gathered})
+    if (t->defined())
+      if (auto ok = d.all_reduce({*t}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
+  std::int64_t at_counts = 0, at_gathered = 0;
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    if (!agreed(i, 0)) continue;
+    if (!agreed(i, 1)) {
+      auto& t = totals[i];
+      t = all_counts.narrow(0, at_counts, t.numel()).view(t.sizes()).clone(), at_counts += t.numel();
+      continue;
+    }
+    const std::int64_t k = agreed(i, 2) - 1;
+    const auto block = all_gathered.narrow(0, at_gathered, world * (1 + k)).view({world, 1 + k}).contiguous();
+    at_gathered += world * (1 + k);
+    Sums joined{sums[i].merge};
+    const double* data = block.data_ptr<double>();
+    for (std::int64_t r = 0; r < world; ++r, data += 1 + k)
+      if (data[0] != 0) joined.join({data + 1, static_cast<std::size_t>(k)});
+    totals[i] = joined.total();
   }
   return totals;
 }
@@ -150,7 +186,8 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
   const auto metrics = spec.metrics.empty() ? metric::defaults(classes ? MetricTargets::classes : MetricTargets::values)
                                             : spec.metrics;
   double loss_sum = 0;
-  std::vector<Sums> sums(metrics.size());
+  std::vector<Sums> sums;
+  for (const auto& m : metrics) sums.push_back({&m.merge});
   // Across ranks: this rank's contiguous shard of the set; sums and counts reduced below.
   const auto [lo, count] = spec.distributed ? spec.distributed->shard(n) : std::pair<std::int64_t, std::int64_t>{0, n};
   // The data stays where it is; each batch goes to the model's device (a state trained on a GPU).

@@ -2,12 +2,16 @@
 #include "io.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <utility>
 
 #include <fmt/format.h>
@@ -74,13 +78,63 @@ std::string name_problem(std::string_view field, std::string_view name, std::str
                      field, shown, problem, becomes, kMaxNameBytes);
 }
 
+std::string write_failure(int err) {
+  if (err == EFBIG) {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+      return fmt::format("{} (the file-size limit, ulimit -f, is {} bytes: raise it, e.g. ulimit -f unlimited)",
+                         std::strerror(err), limit.rlim_cur);
+    return fmt::format("{} (larger than the file system takes, or than the file-size limit, ulimit -f)", std::strerror(err));
+  }
+  if (err == ENOSPC || err == EDQUOT)
+    return fmt::format("{} (free some space on that file system, or write elsewhere)", std::strerror(err));
+  return std::strerror(err);
+}
+
+void check_written(const std::ostream& out, const fs::path& path, std::string_view label) {
+  if (out) return;
+  const int err = errno;  // of the write that failed, as the stream leaves it
+  raise(ErrorCode::io, fmt::format("cannot write the {} \"{}\": {}", label, path.string(),
+                                   err != 0 ? write_failure(err) : std::string("the write failed")));
+}
+
 namespace {
 /// `what` is a callable so that errno is read before building the message can change it.
 template <class What>
 [[noreturn]] void raise_io(const std::string& label, const fs::path& path, What&& what) {
   const int err = errno;
-  raise(ErrorCode::io, fmt::format("cannot save {} \"{}\": {}: {}", label, path.string(), what(), std::strerror(err)));
+  raise(ErrorCode::io, fmt::format("cannot save {} \"{}\": {}: {}", label, path.string(), what(), write_failure(err)));
 }
+
+/// While alive, this thread holds SIGXFSZ back: a write past the file-size limit (ulimit -f)
+/// then fails with EFBIG, an error like a full disk, instead of the signal's default ending the
+/// process without a word and leaving the temporary file. Only this thread's signal mask
+/// changes; a SIGXFSZ the write raised is taken off before the mask is restored.
+class HoldFileSizeSignal {
+ public:
+  HoldFileSizeSignal() {
+    sigemptyset(&xfsz_);
+    sigaddset(&xfsz_, SIGXFSZ);
+    ::pthread_sigmask(SIG_BLOCK, &xfsz_, &before_);
+  }
+  HoldFileSizeSignal(const HoldFileSizeSignal&) = delete;
+  HoldFileSizeSignal& operator=(const HoldFileSizeSignal&) = delete;
+  ~HoldFileSizeSignal() {
+    const int err = errno;
+    if (raised_ && !sigismember(&before_, SIGXFSZ)) {
+      const timespec now{0, 0};
+      ::sigtimedwait(&xfsz_, nullptr, &now);
+    }
+    ::pthread_sigmask(SIG_SETMASK, &before_, nullptr);
+    errno = err;
+  }
+  /// The write failed with EFBIG: the kernel raised SIGXFSZ for this thread.
+  void raised() { raised_ = true; }
+
+ private:
+  sigset_t xfsz_{}, before_{};
+  bool raised_ = false;
+};
 }  // namespace
 
 AtomicFile::AtomicFile(fs::path target, std::string label) : target_(std::move(target)), label_(std::move(label)) {
@@ -100,7 +154,12 @@ void AtomicFile::write(const void* data, std::size_t n) {
   pause_once_for_tests();
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
+    ssize_t w = 0;
+    {
+      HoldFileSizeSignal hold;
+      w = ::write(fd_, p, n);
+      if (w < 0 && errno == EFBIG) hold.raised();
+    }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) raise_io(label_, target_, [&] { return fmt::format("cannot write \"{}\"", tmp_.string()); });
     p += w, n -= static_cast<std::size_t>(w);

@@ -1,12 +1,13 @@
 #pragma once
 // The one place baton writes files and hashes bytes: atomic writes (a temporary file beside the
-// target, fsync'ed, renamed over it, the directory fsync'ed; any failure, a full disk included,
-// is an io error and leaves the previous file intact), SHA-256, and the check of names that
-// become part of a path (stage names, run names).
+// target, fsync'ed, renamed over it, the directory fsync'ed; any failure, a full disk or the
+// file-size limit included, is an io error and leaves the previous file intact), SHA-256, and
+// the check of names that become part of a path (stage names, run names).
 
 #include <array>
 #include <filesystem>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <string_view>
 
@@ -80,6 +81,15 @@ std::string printable(std::string_view name);
 /// `becomes` for a stage's name (TrainingSpec::name, [[stages]] name).
 inline constexpr std::string_view kStageNameUse =
     "a stage's name is part of file names in the run directory (best-<stage>.baton) and of a sweep's node directories";
+
+/// Why a write failed (`strerror(err)`), and where a file system refuses more bytes (a full
+/// disk, the file-size limit of ulimit -f) what to do.
+std::string write_failure(int err);
+
+/// For files written as streams (logs that append): throws an io error, "cannot write the
+/// <label> "<path>": <why>", once `out` has failed, so a full disk or the file-size limit does
+/// not lose lines without a word.
+void check_written(const std::ostream& out, const std::filesystem::path& path, std::string_view label);
 
 /// The whole of `bytes` written to `path` through an AtomicFile; an io error on failure.
 Expected<void> write_file_atomic(const std::filesystem::path& path, std::string_view bytes, const std::string& label = "file");

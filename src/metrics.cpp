@@ -3,6 +3,7 @@
 #include "baton/metrics.hpp"
 
 #include <cmath>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
@@ -71,6 +72,51 @@ torch::Tensor squared(const torch::Tensor& e) { return e.square(); }
 double same(double x) { return x; }
 double root(double x) { return std::sqrt(x); }
 
+/// R2's statistics, per output element j of k: [count | shift_j | S_j | Q_j | R_j], where
+/// shift_j is the first sample's target, S_j and Q_j the sums of (target - shift_j) and its square,
+/// and R_j the sum of squared errors. One pass of plain sums of targets and their squares loses
+/// the spread of targets far from zero (and leaves a constant target a rounding residue to divide
+/// by); deviations from a sample of the same column keep it: SStot = Q - S^2/n is then at worst
+/// n + 1 times worse conditioned than the two-pass sum (scikit-learn's), and exactly 0 for a
+/// constant target.
+torch::Tensor r2_rows(const torch::Tensor& out, const torch::Tensor& y) {
+  const auto e = errors(out, y);
+  const auto t = y.to(torch::kDouble).reshape({y.size(0), -1});
+  const auto zeros = torch::zeros_like(t);
+  return torch::cat({torch::ones({t.size(0), 1}, t.options()), t, zeros, zeros, e.square()}, 1);
+}
+
+/// Joins R2's statistics of later samples into earlier ones: the later sums move to the earlier
+/// shift (Chan, Golub and LeVeque's update for shifted sums).
+void r2_merge(std::span<double> a, std::span<const double> b) {
+  const std::size_t k = (a.size() - 1) / 4;
+  double *shift = &a[1], *s = &a[1 + k], *q = &a[1 + 2 * k], *res = &a[1 + 3 * k];
+  const double nb = b[0], *shift_b = &b[1], *s_b = &b[1 + k], *q_b = &b[1 + 2 * k], *res_b = &b[1 + 3 * k];
+  for (std::size_t j = 0; j < k; ++j) {
+    const double d = shift_b[j] - shift[j];
+    q[j] += q_b[j] + d * (2 * s_b[j] + nb * d);  // before s[j] changes
+    s[j] += s_b[j] + nb * d;
+    res[j] += res_b[j];
+  }
+  a[0] += nb;
+}
+
+/// R2 of each output element, averaged; as scikit-learn's r2_score: a constant target gives 1
+/// when predicted exactly, else 0.
+Values r2_finish(const torch::Tensor& stats, std::int64_t) {
+  const auto v = stats.contiguous();
+  const double* a = v.data_ptr<double>();
+  const auto k = (v.numel() - 1) / 4;
+  const double n = a[0];
+  double total = 0;
+  for (std::int64_t j = 0; j < k; ++j) {
+    const double s = a[1 + k + j], q = a[1 + 2 * k + j], res = a[1 + 3 * k + j];
+    const double tot = q - s * s / n;
+    total += tot > 0 ? 1 - res / tot : (res == 0 ? 1.0 : 0.0);
+  }
+  return {{"", k == 0 ? 0.0 : total / static_cast<double>(k)}};
+}
+
 }  // namespace
 
 Metric accuracy() {
@@ -128,22 +174,7 @@ Metric mse() { return per_element("mse", squared, same); }
 Metric rmse() { return per_element("rmse", squared, root); }
 
 Metric r2() {
-  return {"r2", MetricTargets::values,
-          [](const torch::Tensor& out, const torch::Tensor& y) {
-            const auto e = errors(out, y);
-            const auto t = y.to(torch::kDouble).reshape({y.size(0), -1});
-            return torch::cat({e.square(), t, t.square()}, 1);
-          },
-          [](const torch::Tensor& sums, std::int64_t n) {
-            const auto k = sums.size(0) / 3;
-            double total = 0;
-            for (std::int64_t j = 0; j < k; ++j) {
-              const double res = sums[j].item<double>(), sum = sums[k + j].item<double>(), sq = sums[2 * k + j].item<double>();
-              const double tot = sq - sum * sum / static_cast<double>(n);
-              total += tot > 0 ? 1 - res / tot : (res == 0 ? 1.0 : 0.0);
-            }
-            return Values{{"", k == 0 ? 0.0 : total / static_cast<double>(k)}};
-          }};
+  return {"r2", MetricTargets::values, r2_rows, r2_finish, /*scalar=*/true, r2_merge};
 }
 
 std::vector<Metric> defaults(MetricTargets targets) {

@@ -1,4 +1,5 @@
 // TrainState as a value: deep copies, init_state, built-in models.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <tuple>
@@ -174,15 +175,21 @@ bool same_record(const StageRecord& x, const StageRecord& y) {
          x.stop_reason == y.stop_reason && x.skipped_batches == y.skipped_batches && x.restored_best == y.restored_best;
 }
 
-bool same_callback_state(const std::map<std::string, std::map<std::string, double>>& x,
-                         const std::map<std::string, std::map<std::string, double>>& y) {
-  if (x.size() != y.size()) return false;
-  for (auto i = x.begin(), j = y.begin(); i != x.end(); ++i, ++j) {
-    if (i->first != j->first || i->second.size() != j->second.size()) return false;
-    for (auto k = i->second.begin(), l = j->second.begin(); k != i->second.end(); ++k, ++l)
-      if (k->first != l->first || !same_double(k->second, l->second)) return false;
+/// Which callback's memory differs first (by name), or nothing.
+std::optional<std::string> callback_state_difference(const std::map<std::string, std::map<std::string, double>>& x,
+                                                     const std::map<std::string, std::map<std::string, double>>& y) {
+  for (auto i = x.begin(), j = y.begin(); i != x.end() || j != y.end();) {
+    if (j == y.end() || (i != x.end() && i->first < j->first))
+      return fmt::format("callback state \"{}\": only in the first state", i->first);
+    if (i == x.end() || j->first < i->first) return fmt::format("callback state \"{}\": only in the second state", j->first);
+    const bool same = i->second.size() == j->second.size() &&
+                      std::equal(i->second.begin(), i->second.end(), j->second.begin(), [](const auto& k, const auto& l) {
+                        return k.first == l.first && same_double(k.second, l.second);
+                      });
+    if (!same) return fmt::format("callback state \"{}\": other values", i->first);
+    ++i, ++j;
   }
-  return true;
+  return std::nullopt;
 }
 }  // namespace
 
@@ -249,7 +256,7 @@ std::optional<std::string> first_difference(const TrainState& a, const TrainStat
       if (auto d = tensor_difference(x, jt->second)) return fmt::format("algorithm state \"{}\" / \"{}\": {}", algorithm, name, *d);
     }
   }
-  if (!same_callback_state(a.callback_state, b.callback_state)) return std::string("callback state");
+  if (auto d = callback_state_difference(a.callback_state, b.callback_state)) return d;
   if (a.loss_scale != b.loss_scale) {
     auto say = [](const std::optional<LossScaleState>& l) {
       return l ? fmt::format("scale {} after {} good steps, {} skipped", l->scale, l->growth_tracker, l->skipped)

@@ -31,7 +31,7 @@ const fs::path kDoc = fs::path(BATON_SOURCE_DIR) / "docs" / "bad-inputs.md";
 /// One case: the directory's `case` file (`key: value` lines) and its input files.
 struct Case {
   std::string id;  // the directory name
-  std::map<std::string, std::string> fields;  // category, input, args, exit, message
+  std::map<std::string, std::string> fields;  // category, input, args, exit, message; setup, ulimit
   fs::path dir;
   const std::string& at(const std::string& key) const {
     auto it = fields.find(key);
@@ -79,9 +79,17 @@ struct Outcome {
   std::string out;
 };
 
-/// Runs baton in `cwd` with `args` (shell words), stdout and stderr together, at most 120 s.
-Outcome run_in(const fs::path& cwd, const std::string& args) {
-  const std::string cmd = fmt::format("cd '{}' && timeout -s KILL 120 {} {} 2>&1", cwd.string(), BATON_EXE, args);
+/// What runs before baton in the case's shell: `ulimit <limit>; ` where the case has an `ulimit:`
+/// line (the file-size limit: `-f`, in /bin/sh's units), else nothing.
+std::string shell_prefix(const Case& c) {
+  const auto it = c.fields.find("ulimit");
+  return it == c.fields.end() ? "" : fmt::format("ulimit {}; ", it->second);
+}
+
+/// Runs baton in `cwd` with `args` (shell words) after `prefix`, stdout and stderr together, at
+/// most 120 s.
+Outcome run_in(const fs::path& cwd, const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = fmt::format("cd '{}' && {}timeout -s KILL 120 {} {} 2>&1", cwd.string(), prefix, BATON_EXE, args);
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   Outcome o;
@@ -121,7 +129,8 @@ std::string render_doc(const std::vector<Case>& cases) {
       "<!-- Generated from tests/bad_inputs/ by scripts/bad-inputs-doc.sh; do not edit by hand. -->\n\n"
       "Every row is a test case (`baton_tests \"[bad_inputs]\"`): baton is run as written in *command*\n"
       "in a scratch copy of the case's directory (after the case's `setup` command, where it has one:\n"
-      "symlink loops, FIFOs and directories cannot be kept in git) and must exit with the code shown, print a message\n"
+      "symlink loops, FIFOs and directories cannot be kept in git; and under its `ulimit`, where it has one,\n"
+      "in /bin/sh's units: dash counts `-f` in blocks of 512 bytes) and must exit with the code shown, print a message\n"
       "containing the text shown, end normally (no signal, no sanitizer report, within 120 s), and leave\n"
       "no partial file behind (no temporary files of atomic writes). `{shared}` is\n"
       "`tests/bad_inputs/_shared/`.\n\n"
@@ -132,8 +141,8 @@ std::string render_doc(const std::vector<Case>& cases) {
       "|---|------|-------|---------|------|------------------|\n";
   int n = 0;
   for (const auto& c : cases)
-    md += fmt::format("| {} | {} | {} | `baton {}` | {} | `{}` |\n", ++n, c.at("category"), markdown_cell(c.at("input")),
-                      markdown_cell(c.at("args")), c.at("exit"), markdown_cell(c.at("message")));
+    md += fmt::format("| {} | {} | {} | `{}baton {}` | {} | `{}` |\n", ++n, c.at("category"), markdown_cell(c.at("input")),
+                      markdown_cell(shell_prefix(c)), markdown_cell(c.at("args")), c.at("exit"), markdown_cell(c.at("message")));
   md += fmt::format(
       "\n{} cases. Not in the table, tested in tests/run_lock_test.cpp (`[lock]`): a second `baton run`\n"
       "on a run directory that another run holds exits 2 naming the holder's pid, and a run killed\n"
@@ -171,8 +180,8 @@ void run_cases(const std::set<std::string>& categories) {
       std::set<fs::path> inputs;
       for (const auto& e : fs::recursive_directory_iterator(work)) inputs.insert(e.path());
       const auto args = expand(c.at("args"), work);
-      const auto o = run_in(work, args);
-      INFO("case " << c.id << ": baton " << args << "\n" << o.out);
+      const auto o = run_in(work, args, shell_prefix(c));
+      INFO("case " << c.id << ": " << shell_prefix(c) << "baton " << args << "\n" << o.out);
       CHECK(o.exited);
       CHECK(o.code == std::stoi(c.at("exit")));
       CHECK(o.out.find(expand(c.at("message"), work)) != std::string::npos);

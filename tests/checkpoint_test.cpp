@@ -1,5 +1,6 @@
 // Checkpoints: a saved and loaded state is the same value, a resumed run equals the uninterrupted
 // one bit for bit, and every kind of bad file or failed write is an error, never a crash.
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -443,10 +444,12 @@ TEST_CASE("a failed save is an io error that leaves the previous checkpoint inta
     CHECK(fs::is_directory(tmp));  // not ours to remove
     fs::remove(tmp);
   }
-  SECTION("a write comes up short (the file size limit stands in for a full disk)") {
+  SECTION("a write comes up short: the file-size limit (ulimit -f), with SIGXFSZ's default action to end the process") {
     rlimit old{};
     REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+    const auto previous = std::signal(SIGXFSZ, SIG_DFL);  // the library holds the signal back on its own
+    sigset_t mask_before{}, mask_after{};
+    ::pthread_sigmask(SIG_SETMASK, nullptr, &mask_before);
     rlimit small = old;
     small.rlim_cur = 4096;
     REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
@@ -455,6 +458,13 @@ TEST_CASE("a failed save is an io error that leaves the previous checkpoint inta
     std::signal(SIGXFSZ, previous);
     REQUIRE(before.size() > 4096);  // else the limit would not bite
     require_io(r, target, EFBIG);
+    CHECK_THAT(r.error().message, Contains("the file-size limit, ulimit -f, is 4096 bytes"));
+    // Nothing left behind: the signal mask as it was, no SIGXFSZ pending.
+    ::pthread_sigmask(SIG_SETMASK, nullptr, &mask_after);
+    CHECK(sigismember(&mask_after, SIGXFSZ) == sigismember(&mask_before, SIGXFSZ));
+    sigset_t pending{};
+    ::sigpending(&pending);
+    CHECK_FALSE(sigismember(&pending, SIGXFSZ));
   }
   SECTION("the rename fails (a directory is in the way)") {
     const auto blocked = dir.path / "blocked.baton";

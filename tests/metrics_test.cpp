@@ -2,10 +2,14 @@
 // any eval batch size, errors that name the metric and the set, a user's metric in a few lines,
 // and the TOML list with its checks. (Two ranks: distributed_test.cpp.)
 #include <cmath>
+#include <fstream>
+#include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "helpers.hpp"
+#include "process.hpp"
 
 namespace {
 namespace metric = baton::metric;
@@ -241,4 +245,100 @@ TEST_CASE("TOML names metrics, the registry's own included, and checks watched m
   auto v = plain->validate();
   REQUIRE_FALSE(v);
   CHECK_THAT(v.error().to_string(), Catch::Contains("unknown metric \"unsure\""));
+}
+
+namespace {
+/// The regression metrics of one column, two passes in long double: the mean first, then the
+/// sums about it (scikit-learn's way, with more bits). A constant target: R2 1 when predicted
+/// exactly, else 0 (scikit-learn's force_finite).
+struct TwoPass {
+  double r2, mse, mae;
+};
+TwoPass two_pass(const torch::Tensor& target, const torch::Tensor& predicted) {
+  const auto y = target.to(torch::kDouble).contiguous(), p = predicted.to(torch::kDouble).contiguous();
+  const auto n = y.numel();
+  const double *yv = y.data_ptr<double>(), *pv = p.data_ptr<double>();
+  long double sum = 0, tot = 0, res = 0, abs = 0;
+  for (std::int64_t i = 0; i < n; ++i) sum += yv[i];
+  const long double mean = sum / n;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const long double d = yv[i] - mean, e = static_cast<long double>(pv[i]) - yv[i];
+    tot += d * d, res += e * e, abs += std::fabs(e);
+  }
+  const double r2 = tot != 0 ? static_cast<double>(1 - res / tot) : (res == 0 ? 1.0 : 0.0);
+  return {r2, static_cast<double>(res / n), static_cast<double>(abs / n)};
+}
+
+/// scikit-learn's r2_score, mean_squared_error and mean_absolute_error of each column of the
+/// data and of all columns (multioutput="uniform_average"), read back as {"r2/0": ..., "r2": ...}.
+std::map<std::string, double> sklearn_metrics(const torch::Tensor& y, const torch::Tensor& p) {
+  test::TempDir dir;
+  std::ofstream csv(dir.path / "data.csv");
+  const auto yd = y.to(torch::kDouble), pd = p.to(torch::kDouble);
+  for (std::int64_t i = 0; i < y.size(0); ++i)
+    for (std::int64_t j = 0; j < y.size(1); ++j)  // %.17g: the float64 values exactly
+      csv << fmt::format("{:.17g},{:.17g}{}", yd[i][j].item<double>(), pd[i][j].item<double>(), j + 1 < y.size(1) ? "," : "\n");
+  csv.close();
+  const auto py = test::python(dir.path, R"(
+import numpy as np
+from sklearn.metrics import r2_score, mean_squared_error, mean_absolute_error
+d = np.loadtxt("data.csv", delimiter=",", ndmin=2)
+y, p = d[:, 0::2], d[:, 1::2]
+for name, f in (("r2", r2_score), ("mse", mean_squared_error), ("mae", mean_absolute_error)):
+    for j in range(y.shape[1]):
+        print(f"{name}/{j} {f(y[:, j], p[:, j])!r}")
+    print(f"{name} {f(y, p)!r}")
+)", "", test::kSklearn);
+  REQUIRE(py.rc == 0);
+  std::map<std::string, double> out;
+  std::istringstream in(py.out);
+  for (std::string key, value; in >> key >> value;) out[key] = std::stod(value);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("regression metrics agree with scikit-learn to 1e-12: constant targets, large offsets, several outputs",
+          "[metrics][sklearn]") {
+  // 5 columns of 400 float32 targets and predictions:
+  //   0 ordinary, 1 an offset of 1e6, 2 an offset of 1e3 with a spread of 1e-3,
+  //   3 a constant predicted exactly (R2 1), 4 a constant predicted inexactly (R2 0).
+  constexpr std::int64_t n = 400;
+  auto gen = at::detail::createCPUGenerator(11);
+  auto noise = [&](double scale) { return scale * torch::randn({n}, gen, torch::kDouble); };
+  const auto y0 = noise(1.0), y1 = 1e6 + noise(4.0), y2 = 1e3 + noise(1e-3);
+  // (1e6 + 0.3 as float32: one-pass sums of y and y^2 leave SStot a residue of +2.3, not 0.)
+  const auto y3 = torch::full({n}, 1e6 + 0.5, torch::kDouble), y4 = torch::full({n}, 1e6 + 0.3, torch::kDouble);
+  const auto y = torch::stack({y0, y1, y2, y3, y4}, 1).to(torch::kFloat);
+  const auto p = torch::stack({y0 + noise(0.3), y1 + noise(3.0), y2 + noise(5e-4), y3, y4 + noise(0.5)}, 1).to(torch::kFloat);
+  const std::vector<baton::Metric> reg = {metric::r2(), metric::mse(), metric::rmse(), metric::mae()};
+  const auto sk = sklearn_metrics(y, p);
+  REQUIRE(sk.size() == 3 * 6);
+  auto check = [&](const std::map<std::string, double>& m, const std::string& suffix, const std::optional<TwoPass>& ref) {
+    INFO("columns " << (suffix.empty() ? "all" : suffix.substr(1)));
+    CHECK(m.at("r2") == Approx(sk.at("r2" + suffix)).margin(1e-12).epsilon(0));
+    CHECK(m.at("mse") == Approx(sk.at("mse" + suffix)).epsilon(1e-12));
+    CHECK(m.at("rmse") == Approx(std::sqrt(sk.at("mse" + suffix))).epsilon(1e-12));
+    CHECK(m.at("mae") == Approx(sk.at("mae" + suffix)).epsilon(1e-12));
+    if (!ref) return;
+    CHECK(m.at("r2") == Approx(ref->r2).margin(1e-12).epsilon(0));
+    CHECK(m.at("mse") == Approx(ref->mse).epsilon(1e-12));
+    CHECK(m.at("mae") == Approx(ref->mae).epsilon(1e-12));
+  };
+  for (std::int64_t j = 0; j < 5; ++j) {
+    const auto yj = y.select(1, j).reshape({n, 1}), pj = p.select(1, j).reshape({n, 1});
+    const auto data = *baton::make_dataset(pj, yj, "column");
+    const auto ref = two_pass(yj, pj);
+    for (const std::int64_t b : {n, std::int64_t{7}}) {
+      INFO("batch size " << b);
+      const auto m = eval_one(identity_state(1), data, reg, b, baton::loss::mse());
+      check(m, fmt::format("/{}", j), ref);
+      if (j == 3) CHECK(m.at("r2") == 1.0);  // as documented: a constant target predicted exactly
+      if (j == 4) CHECK(m.at("r2") == 0.0);  // and not exactly
+    }
+  }
+  // All five as one output of 5 elements: each metric over every element, R2 averaged over columns.
+  const auto all = *baton::make_dataset(p, y, "all");
+  const auto m = eval_one(identity_state(5), all, reg, 64, baton::loss::mse());
+  check(m, "", std::nullopt);
+  for (const std::int64_t b : {1, 7, 400}) CHECK(eval_one(identity_state(5), all, reg, b, baton::loss::mse()).at("r2") == m.at("r2"));
 }

@@ -87,13 +87,21 @@ inline std::filesystem::path temp_dir(const std::string& name) {
   return dir;
 }
 
-/// Runs a Python script (written to dir/script.py) with Debian's PyTorch; fails (never skips)
-/// when /usr/bin/python3 cannot import torch.
-inline Output python(const std::filesystem::path& dir, const std::string& script, const std::string& args = "") {
-  const auto probe = shell("/usr/bin/python3 -c 'import torch'");
+/// What a Python script imports, and the Debian package that gives it to /usr/bin/python3.
+struct PythonModule {
+  std::string name, package;
+};
+inline const PythonModule kTorch{"torch", "python3-torch"};
+inline const PythonModule kSklearn{"sklearn", "python3-sklearn"};
+
+/// Runs a Python script (written to dir/script.py) with Debian's Python; fails (never skips)
+/// when /usr/bin/python3 cannot import `needs` (PyTorch unless told otherwise).
+inline Output python(const std::filesystem::path& dir, const std::string& script, const std::string& args = "",
+                     const PythonModule& needs = kTorch) {
+  const auto probe = shell(fmt::format("/usr/bin/python3 -c 'import {}'", needs.name));
   if (probe.rc != 0)
-    FAIL("this test needs PyTorch for /usr/bin/python3 (Debian package python3-torch; scripts/common.sh installs it): "
-         << probe.out);
+    FAIL("this test needs " << needs.name << " for /usr/bin/python3 (Debian package " << needs.package
+                            << "; scripts/common.sh installs it): " << probe.out);
   std::ofstream(dir / "script.py") << script;
   return shell(fmt::format("cd {} && /usr/bin/python3 script.py {}", dir.string(), args));
 }

@@ -1,6 +1,7 @@
 // The stage model: a stage's length belongs to the stage, and every cut of it into fits (with
 // budgets), with a save/load in the middle, trains the bits of the uncut stage -- for every
 // algorithm and every schedule kind.
+#include <cmath>
 #include <filesystem>
 
 #include "helpers.hpp"
@@ -141,4 +142,24 @@ TEST_CASE("a budget counts from the call and ends at a batch boundary -- a zero 
   const auto bad = baton::fit(spec, s, Time{-1, baton::TimeUnit::batch});
   REQUIRE_FALSE(bad);
   CHECK_THAT(bad.error().to_string(), Catch::Contains("budget"));
+}
+
+TEST_CASE("fit_end refuses the budgets fit refuses, with the same message", "[stage][errors]") {
+  const auto data = test::blobs(1000);
+  const auto spec = test::spec(data, Time::epochs(2)).with_batch_size(64);
+  const auto s = ok(baton::fit(spec, test::new_state(), Time::batches(2)));
+  const double nan = std::nan("");
+  for (const Time budget : {Time{1.5, baton::TimeUnit::batch}, Time{2.5, baton::TimeUnit::sample},
+                            Time{-1, baton::TimeUnit::batch}, Time{nan, baton::TimeUnit::sample}, Time{1.5, baton::TimeUnit::duration}}) {
+    INFO("budget " << budget.to_string());
+    const auto trained = baton::fit(spec, s, budget);
+    const auto planned = baton::fit_end(spec, s, budget);
+    REQUIRE_FALSE(trained);
+    REQUIRE_FALSE(planned);  // not a timestamp fit would never reach
+    CHECK(planned.error().code == trained.error().code);
+    const auto& m = trained.error().message;
+    REQUIRE(m.starts_with("fit: the budget: "));
+    CHECK(planned.error().message == "fit_end: the budget: " + m.substr(std::string("fit: the budget: ").size()));
+    CHECK_THAT(planned.error().to_string(), Catch::Contains("stage \"" + spec.name + "\""));
+  }
 }

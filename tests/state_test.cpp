@@ -97,3 +97,47 @@ TEST_CASE("init_state rejects bad options", "[state]") {
   CHECK_FALSE(baton::init_state(test::bn_dropout_mlp(), {.max_duration = baton::Time::fraction(0.5)}));
   CHECK_FALSE(baton::init_state(test::bn_dropout_mlp(), {.max_duration = baton::Time::epochs(0)}));
 }
+
+TEST_CASE("a callback that keeps nothing leaves no entry in the state: bitwise_equal to the fit without it", "[state][callbacks]") {
+  const auto data = test::blobs(200);
+  const auto spec = test::spec(data, baton::Time::batches(3));
+  auto calls = std::make_shared<int>(0);
+  const baton::Callback watcher{"watcher", [calls](const baton::EventView&) -> std::optional<std::string> {
+                                  ++*calls;
+                                  return std::nullopt;
+                                }};
+  const auto without = test::ok(baton::fit(spec, test::new_state()));
+  // A user's callback and a built-in one (lr_monitor logs, keeps nothing).
+  const auto with = test::ok(baton::fit(spec.with_callbacks({watcher, baton::callbacks::lr_monitor()}), test::new_state()));
+  CHECK(*calls > 0);
+  CHECK(with.callback_state.empty());
+  CHECK(baton::first_difference(with, without) == std::nullopt);
+  CHECK(baton::bitwise_equal(with, without));
+  // One that keeps something is in the state, and then the states differ.
+  const baton::Callback counter{"counter", [](const baton::EventView& v) -> std::optional<std::string> {
+                                  (*v.memory)["events"] += 1;
+                                  return std::nullopt;
+                                }};
+  const auto counted = test::ok(baton::fit(spec.with_callbacks({watcher, counter}), test::new_state()));
+  CHECK(counted.callback_state.size() == 1);
+  CHECK(counted.callback_state.at("counter").at("events") > 0);
+  CHECK(baton::first_difference(counted, without) == std::optional<std::string>("callback state \"counter\": only in the first state"));
+}
+
+TEST_CASE("an algorithm that keeps nothing yet leaves no entry: SWA before its start survives a checkpoint bit for bit",
+          "[state][algorithms][checkpoint]") {
+  const auto data = test::blobs(200);
+  // 2 of the stage's 10 batches: before SWA's start (half the stage), it has averaged nothing.
+  const auto spec = test::spec(data, baton::Time::batches(10)).with_algorithms({baton::algorithms::swa({.start = 0.5})});
+  const auto s = test::ok(baton::fit(spec, test::new_state(), baton::Time::batches(2)));
+  CHECK(s.algorithm_state.count("swa") == 0);
+  CHECK(baton::first_difference(s, test::ok(baton::fit(test::spec(data, baton::Time::batches(10)), test::new_state(),
+                                                         baton::Time::batches(2)))) == std::nullopt);
+  test::TempDir dir;
+  REQUIRE(baton::save_checkpoint(s, dir.path / "s.baton"));
+  const auto loaded = test::ok(baton::load_checkpoint(dir.path / "s.baton", test::bn_dropout_mlp()));
+  CHECK(baton::first_difference(s, loaded) == std::nullopt);
+  // Past the start it keeps the mean.
+  const auto later = test::ok(baton::fit(spec, s, baton::Time::batches(5)));
+  CHECK(later.algorithm_state.at("swa").count("#count") == 1);
+}

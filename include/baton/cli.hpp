@@ -15,6 +15,9 @@
 ///
 /// Exit codes: 0 success; 1 training failed (non-finite loss, LibTorch error); 2 invalid input
 /// (command line, config, data or checkpoint files); 3 interrupted (a checkpoint was written).
+///
+/// Every command but `launch` ignores SIGXFSZ in its process: a write past the file-size limit
+/// (`ulimit -f`) is then an error that says so (exit 2, as a full disk), not a silent death.
 
 #include "baton/hparams.hpp"
 

@@ -61,7 +61,8 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState state, cons
 Expected<double> scheduled_lr(const TrainingSpec& spec, const TrainState& state);
 
 /// Where `fit(spec, state, budget)` (no budget: `fit(spec, state)`) would stop, without training
-/// (integer arithmetic over the batches it would take): for progress bars, ETA and planning.
+/// (integer arithmetic over the batches it would take): for progress bars, ETA and planning. A
+/// budget that `fit` refuses (not a whole count, negative) is refused the same way.
 Expected<Timestamp> fit_end(const TrainingSpec& spec, const TrainState& state, std::optional<Time> budget = {});
 
 /// Where the stage that `spec` names ends, counted from the stage's start (the same for a state

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,13 +26,15 @@ enum class MetricTargets {
 };
 
 struct Metric {
+  /// How floating statistics join: `into` (earlier samples) takes in `later`; see `merge`.
+  using Merge = std::function<void(std::span<double> into, std::span<const double> later)>;
   std::string name;  ///< "f1": reported as "<set>/f1", details as "<set>/f1/<detail>"
   MetricTargets targets = MetricTargets::any;
   /// The statistics of one batch from the model's output (float32; under bf16/fp16 autocast too)
   /// and the targets. An integral tensor (counts, any shape up to 3 dims, the same for every
   /// batch) is summed over batches exactly. A floating tensor must be [batch, k], one row per
-  /// sample; rows are added in sample order in float64, so the sums do not depend on how the set
-  /// was cut into batches.
+  /// sample; rows are added (or joined with `merge`) in sample order in float64, so the result
+  /// does not depend on how the set was cut into batches.
   std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)> batch;
   /// The values from the statistics summed over the whole set (and all ranks), as float64, and
   /// the number of samples: key "" is the metric's value, other keys are details (per class:
@@ -40,6 +43,13 @@ struct Metric {
   /// False for a metric that gives details only (the confusion matrix): it has no value of its
   /// own to watch with early stopping or keep_best.
   bool scalar = true;
+  /// Optional, for floating statistics that a plain sum would round away (R2's spread of targets
+  /// far from zero): joins the statistics of later samples (`later`, k values) into those of
+  /// the samples before them (`into`, k values, updated in place). Evaluation starts from the
+  /// first sample's row and joins every later row in sample order, then each rank's result in
+  /// rank order, so the result is the same bits for any batch size; `finish` gets the result.
+  /// Empty: rows are added.
+  Merge merge{};
 };
 
 /// True for a detail value's name ("f1/3", "confusion_matrix/2/7"), false for a metric's own

@@ -76,7 +76,8 @@ struct TrainState {
   std::vector<StageRecord> history;  ///< what the run has done, one record per stage
   std::string stage;               ///< name of the stage in progress ("" before the first fit)
   Timestamp stage_start;           ///< when the stage in progress began (the stage clock's origin)
-  /// What algorithms remember (EMA/SWA weights, ...), by algorithm name then tensor name.
+  /// What algorithms remember (EMA/SWA weights, ...), by algorithm name then tensor name. One
+  /// that keeps nothing (yet) has no entry; so for callbacks.
   std::map<std::string, std::map<std::string, torch::Tensor>> algorithm_state;
   /// What callbacks remember (early stopping's best value, ...), by callback name then key.
   std::map<std::string, std::map<std::string, double>> callback_state;

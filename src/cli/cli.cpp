@@ -418,6 +418,11 @@ int main(int argc, char** argv, const Registry& registry) {
       launch_args.grace = std::chrono::milliseconds(static_cast<long>(launch_grace * 1000));
       return launch(launch_args);
     }
+    // Every other command writes files. Past the file-size limit (ulimit -f) a write then fails
+    // with EFBIG and is reported like a full disk, instead of SIGXFSZ ending the process without a
+    // word (atomic writes hold the signal back on their own; this covers the logs). `launch`
+    // leaves its command's signals as they were.
+    ::signal(SIGXFSZ, SIG_IGN);
     if (*run_cmd && run_args.nproc > 0 && !launched_distributed()) return run_ranks(run_args);
     if (*run_cmd) return run(run_args, registry);
     if (*sweep_cmd) return sweep(sweep_args, registry);

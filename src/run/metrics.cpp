@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -49,12 +50,15 @@ std::string csv_field(const std::string& text) {
 Expected<std::shared_ptr<MetricsWriter>> MetricsWriter::open(const std::optional<fs::path>& jsonl,
                                                              const std::optional<fs::path>& csv) {
   auto w = std::make_shared<MetricsWriter>();
-  if (jsonl)
+  if (jsonl) {
     if (auto ok = open_append(w->jsonl_, *jsonl); !ok) return tl::unexpected(ok.error());
+    w->jsonl_path_ = *jsonl;
+  }
   if (csv) {
     std::error_code ec;
     const bool fresh = !fs::exists(*csv, ec) || fs::file_size(*csv, ec) == 0;
     if (auto ok = open_append(w->csv_, *csv); !ok) return tl::unexpected(ok.error());
+    w->csv_path_ = *csv;
     if (fresh) w->csv_ << kCsvHeader << '\n';
   }
   return w;
@@ -82,12 +86,15 @@ void MetricsWriter::log(const std::string& stage, const Timestamp& t, const std:
 void MetricsWriter::event(const json& line) {
   if (!jsonl_.is_open()) return;
   jsonl_ << line.dump() << '\n';
-  jsonl_.flush();
+  flush();
 }
 
 void MetricsWriter::flush() {
-  if (jsonl_.is_open()) jsonl_.flush();
-  if (csv_.is_open()) csv_.flush();
+  for (auto [out, path] : {std::pair{&jsonl_, &jsonl_path_}, std::pair{&csv_, &csv_path_}}) {
+    if (!out->is_open()) continue;
+    out->flush();
+    check_written(*out, *path, "metrics");
+  }
 }
 
 Expected<void> truncate_metrics(const fs::path& dir, std::int64_t batch, std::int64_t stage_index, bool stage_done) {

@@ -33,10 +33,12 @@ class MetricsWriter final : public Logger {
   void log(const std::string& stage, const Timestamp& t, const std::map<std::string, double>& scalars) override;
   /// A line of another kind (stage_start, stage_end) into the JSONL file only.
   void event(const nlohmann::json& line);
+  /// Flushes both files; an io error once a write has failed (a full disk, the file-size limit).
   void flush() override;
 
  private:
   std::ofstream jsonl_, csv_;
+  std::filesystem::path jsonl_path_, csv_path_;
 };
 
 /// A field of a CSV line, quoted per RFC 4180 when it holds a comma, a quote or a line break.

@@ -30,8 +30,9 @@ struct Hooks {
     if (!any_callbacks) return;
     Scalars log;
     for (const auto& cb : spec.callbacks) {
-      EventView view{e, spec, s, step, metrics, path, &log, &s.callback_state[cb.name]};
-      auto reason = cb.on_event(view);
+      auto reason = with_memory(s.callback_state, cb.name, [&](std::map<std::string, double>& memory) {
+        return cb.on_event(EventView{e, spec, s, step, metrics, path, &log, &memory});
+      });
       if (reason && cb.observer)  // an observer is left out of run fingerprints: it must not steer
         detail::raise(ErrorCode::invalid_spec,
                       fmt::format("callback \"{}\" says it only observes (Callback::observer) but asked to stop the "

@@ -4,7 +4,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace baton::detail {
+
+Expected<void> check_budget(Time budget, std::string_view who) {
+  if (auto ok = budget.check(); !ok)
+    return fail(ErrorCode::invalid_argument, fmt::format("{}: the budget: {}", who, ok.error().message));
+  return {};
+}
 
 Time resolve(Time t, Time max_duration) {
   if (t.unit != TimeUnit::duration) return t;

@@ -5,10 +5,16 @@
 // planning functions (stage_end, fit_end), hparams validation and the run directory.
 
 #include <cstdint>
+#include <string_view>
 
+#include "baton/error.hpp"
 #include "baton/time.hpp"
 
 namespace baton::detail {
+
+/// A budget as `fit(spec, state, budget)` and `fit_end` take it (Time::check: a whole,
+/// non-negative count): an invalid_argument error naming `who` ("fit") otherwise.
+Expected<void> check_budget(Time budget, std::string_view who);
 
 /// A Time with `dur` resolved against the run's max duration (a fraction of it, in its unit).
 /// (Counters round the product to the nearest whole count where they compare with it: `Mark`.)

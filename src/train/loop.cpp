@@ -41,6 +41,7 @@
 #include "train/course.hpp"
 #include "train/data_parallel.hpp"
 #include "train/feed.hpp"
+#include "train/horizon.hpp"
 #include "train/observers.hpp"
 #include "train/precision.hpp"
 #include "train/step.hpp"
@@ -107,8 +108,7 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
            if (!s.model.module) return fail(ErrorCode::invalid_argument, "fit: the state has no model; make one with init_state");
            if (s.finished()) return tl::unexpected(detail::finished_error(s));
            if (budget)
-             if (auto ok = budget->check(); !ok)
-               return fail(ErrorCode::invalid_argument, fmt::format("fit: the budget: {}", ok.error().message));
+             if (auto ok = detail::check_budget(*budget, "fit"); !ok) return tl::unexpected(ok.error());
            if (budget && budget->value == 0) return std::move(s);  // a zero budget changes nothing
            detail::note_runtime_once();
            if (spec.precision == Precision::bf16 && spec.device.is_cpu()) detail::warn_bf16_once();

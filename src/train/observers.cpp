@@ -83,7 +83,7 @@ void Observers::batch_end(const AlgorithmContext& actx, const StepOutput& out, s
   r.last_lr = lr;
   if (!attached_) return;
   for (const auto& a : spec_.algorithms)
-    if (a.batch_end) a.batch_end(actx, s_, s_.algorithm_state[a.name]);
+    if (a.batch_end) with_memory(s_.algorithm_state, a.name, [&](Algorithm::Tensors& m) { a.batch_end(actx, s_, m); });
   const StepInfo info{out.loss, lr, out.grad_norm, samples, out.non_finite};
   hooks_.fire(Event::batch_end, &info);
 }
@@ -115,7 +115,10 @@ void Observers::finish() {
   // The stage ends when its duration (or the run's) is reached, or a callback ended it.
   if ((course_.stage_done(s_) && any_step_) || hooks_.stop_reason) {
     for (const auto& a : spec_.algorithms)
-      if (a.stage_end) a.stage_end(AlgorithmContext{spec_, s_.time, 1.0, course_.num_classes}, s_, s_.algorithm_state[a.name]);
+      if (a.stage_end)
+        with_memory(s_.algorithm_state, a.name, [&](Algorithm::Tensors& m) {
+          a.stage_end(AlgorithmContext{spec_, s_.time, 1.0, course_.num_classes}, s_, m);
+        });
     // An evaluation that just ran on these same weights is not repeated (a callback stop right
     // after an interval evaluation), unless a stage-end algorithm (SWA) has changed them since.
     const bool weights_moved = std::any_of(spec_.algorithms.begin(), spec_.algorithms.end(),

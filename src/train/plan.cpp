@@ -75,7 +75,7 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
            if (out.non_finite)
              detail::raise(ErrorCode::non_finite, fmt::format("{} at batch {}; the step was not applied", out.what, s.time.batch));
            for (const auto& a : spec.algorithms)
-             if (a.batch_end) a.batch_end(actx, s, s.algorithm_state[a.name]);
+             if (a.batch_end) detail::with_memory(s.algorithm_state, a.name, [&](Algorithm::Tensors& m) { a.batch_end(actx, s, m); });
            detail::advance(s.time, b);
            auto& r = s.history[record];
            r.last_loss = out.loss, r.last_grad_norm = out.grad_norm, r.last_lr = spec.optimizer.lr() * scale;
@@ -90,7 +90,10 @@ Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Ba
 
 Expected<Timestamp> fit_end(const TrainingSpec& spec, const TrainState& s, std::optional<Time> budget) {
   if (auto ok = spec.validate(); !ok) return tl::unexpected(ok.error().with_context(stage_context(spec)));
-  if (s.finished() || (budget && budget->value <= 0)) return s.time;
+  if (budget)
+    if (auto ok = detail::check_budget(*budget, "fit_end"); !ok)
+      return tl::unexpected(ok.error().with_context(stage_context(spec)));
+  if (s.finished() || (budget && budget->value == 0)) return s.time;
   const auto pos = detail::stage_position(spec, s);
   const std::int64_t n = spec.data.train.size();
   const auto end = detail::Mark::after(spec.duration, pos.stage_start, s.max_duration, n);
