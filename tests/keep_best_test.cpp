@@ -227,7 +227,7 @@ TEST_CASE("keep_best and restore_best in TOML: read, inherited, checked with did
   }
 }
 
-TEST_CASE("a stage name that is not a file name is refused before anything trains; nothing is written outside the run directory",
+TEST_CASE("a stage name that is not a file name is refused before anything trains -- nothing is written outside the run directory",
           "[keep_best][run]") {
   test::TempDir tmp;
   // best-<stage>.baton of "../../../esc" in tmp/r, with tmp/r/best-.. a directory, is tmp/esc.baton:
