@@ -59,7 +59,7 @@ eval = { sets = ["test"] }
 )";
 }  // namespace
 
-TEST_CASE("bf16 on a CPU that emulates it: validate and the first fit warn with the cost; a native one does not",
+TEST_CASE("bf16 on a CPU that emulates it: validate and the first fit warn with the cost, a native one does not",
           "[cli][precision]") {
   const auto dir = cli_dir("bf16");
   std::ofstream(dir / "c.toml") << kSynthetic << "[[stages]]\nname = \"s\"\nduration = \"1ep\"\ndata = \"train\"\nprecision = \"bf16\"\n";
