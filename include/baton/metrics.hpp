@@ -1,8 +1,9 @@
 #pragma once
 /// \file metrics.hpp
 /// Metrics as values: a name, the statistics of one batch, and how the sums of those statistics
-/// over a whole set become values. Evaluation sums the statistics, so a metric's result is the
-/// same for any eval batch size (bit for bit) and across ranks (reduced from sums). Write your own
+/// over a whole set become values. Evaluation sums the statistics in sample order (or joins them
+/// with the metric's `merge`), so a metric's result is the same for any eval batch size (bit for
+/// bit) and across ranks (up to the order of the ranks' join). Write your own
 /// in a few lines and add it to `Registry::metrics` to name it in TOML (docs/metrics.md).
 
 #include <cstdint>
