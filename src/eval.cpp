@@ -56,7 +56,7 @@ namespace {
 /// result does not depend on the batch size.
 struct Sums {
   const Metric::Merge* merge = nullptr;  // the metric's join of floating rows; null or empty: add
-  torch::Tensor counts;        // integral statistics, summed
+  torch::Tensor counts{};      // integral statistics, summed
   std::vector<double> rows{};  // floating statistics: the rows so far, folded
   bool floating = false, seen = false;
 
