@@ -99,24 +99,27 @@ Expected<Time> Time::parse(std::string_view text) {
   else if (suffix != "ep" && suffix != "ba" && suffix != "sp" && suffix != "dur")
     why = fmt::format("unknown unit \"{}\"", suffix);
   else if (suffix == "dur") why = "a dur fraction must be a number in [0, 1]";
-  else if (num.find('.') != std::string_view::npos)
-    why = fmt::format("\"{}\" counts whole {}, not fractions", suffix,
-                      suffix == "ep" ? "epochs" : suffix == "ba" ? "batches" : "samples");
+  else if (num.find('.') != std::string_view::npos && suffix != "ep")
+    why = fmt::format("\"{}\" counts whole {}, not fractions (a part of an epoch is \"0.5ep\")", suffix,
+                      suffix == "ba" ? "batches" : "samples");
+  else if (num.find('.') != std::string_view::npos && num.find('.') == num.rfind('.') && num.size() - num.find('.') > 16)
+    why = "at most 15 decimals";
   else why = "malformed number";
   return fail(ErrorCode::invalid_time,
               fmt::format("\"{}\": {}; expected <count>ep (epochs), <count>ba (batches), "
                           "<count>sp (samples) or <fraction>dur (of the max duration), e.g. "
-                          "\"3ep\", \"500ba\", \"12000sp\", \"0.25dur\"",
+                          "\"3ep\", \"0.5ep\", \"500ba\", \"12000sp\", \"0.25dur\"",
                           text, why));
 }
 
 std::string Time::to_string() const {
-  if (unit == TimeUnit::duration) {
+  if (unit == TimeUnit::duration || (unit == TimeUnit::epoch && std::isfinite(value) && value >= 0 &&
+                                     value != std::floor(value) && value < 1e14)) {
     // Fixed notation ("0.00001dur", never "1e-05dur", which parse rejects); parse allows 15 decimals.
     std::string text = fmt::format("{:.15f}", value);
     while (text.back() == '0') text.pop_back();
     if (text.back() == '.') text.pop_back();
-    return text + "dur";
+    return text + std::string(unit_suffix(unit));
   }
   if (!std::isfinite(value) || value != std::floor(value)) return fmt::format("{}{}", value, unit_suffix(unit));
   return fmt::format("{}{}", count(), unit_suffix(unit));
@@ -132,7 +135,8 @@ Expected<void> Time::check() const {
     if (value > 1) return bad("a fraction of the max duration is at most 1 (\"1dur\": all of it)");
     return {};
   }
-  if (value != std::floor(value)) return bad(fmt::format("{} are counted in whole numbers", unit == TimeUnit::epoch ? "epochs" : unit == TimeUnit::batch ? "batches" : "samples"));
+  if (unit != TimeUnit::epoch && value != std::floor(value))
+    return bad(fmt::format("{} are counted in whole numbers", unit == TimeUnit::batch ? "batches" : "samples"));
   if (value > 9.0e15) return bad("more than 9e15 is beyond exact counting");
   return {};
 }

@@ -124,6 +124,11 @@ Expected<TrainState> init_state(const ModelFactory& factory, const InitOptions& 
                             options.max_duration.to_string()));
   if (auto ok = options.max_duration.check(); !ok)
     return fail(ErrorCode::invalid_argument, fmt::format("init_state: max_duration: {}", ok.error().message));
+  if (options.max_duration.unit == TimeUnit::epoch && options.max_duration.value != std::floor(options.max_duration.value))
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("init_state: max_duration \"{}\": the run's max duration counts whole epochs (its epoch "
+                            "counter); end a run inside an epoch with ba or sp, or give a stage that duration",
+                            options.max_duration.to_string()));
   if (options.max_duration.value <= 0)
     return fail(ErrorCode::invalid_argument,
                 fmt::format("init_state: max_duration must be more than zero, got \"{}\"",

@@ -568,11 +568,18 @@ TEST_CASE("baton run --for / --until: stop cleanly, look, go on -- the pieces eq
   CHECK(look.rc == 0);
   CHECK_THAT(look.out, Catch::Contains("\"accuracy\""));
 
-  const auto second = run("run " + file + pieces + " --for 1ep");  // to the end of epoch 0: the end of stage a
+  // Half an epoch more: from 175 of 500 samples to 425, the end of batch 17.
+  const auto half = run("run " + file + pieces + " --for 0.5ep");
+  INFO(half.out);
+  REQUIRE(half.rc == 0);
+  CHECK_THAT(half.out, Catch::Contains("paused at epoch 0, batch 17"));
+  // One epoch more: through the end of stage a (batch 20) to 425 samples of stage b's order, which
+  // its batches of 50 pass at batch 9 of it.
+  const auto second = run("run " + file + pieces + " --for 1ep");
   INFO(second.out);
   REQUIRE(second.rc == 0);
-  CHECK_THAT(second.out, Catch::Contains("paused at epoch 1, batch 20"));
-  const auto last = run("run " + file + pieces + " --for 1ep");  // stage b: the run's end
+  CHECK_THAT(second.out, Catch::Contains("paused at epoch 1, batch 29"));
+  const auto last = run("run " + file + pieces + " --for 1ep");  // the rest of stage b: the run's end
   INFO(last.out);
   REQUIRE(last.rc == 0);
   CHECK_THAT(last.out, !Catch::Contains("paused") && Catch::Contains("test_accuracy="));
@@ -582,9 +589,9 @@ TEST_CASE("baton run --for / --until: stop cleanly, look, go on -- the pieces eq
     const auto both = run("run " + file + pieces + "-x --for 1ep --until 2ep");
     CHECK(both.rc == 2);
     CHECK_THAT(both.out, Catch::Contains("--until") && Catch::Contains("--for"));
-    const auto fraction = run("run " + file + pieces + "-x --for 1.5ep");
+    const auto fraction = run("run " + file + pieces + "-x --for 1.5ba");
     CHECK(fraction.rc == 2);
-    CHECK_THAT(fraction.out, Catch::Contains("--for") && Catch::Contains("whole epochs"));
+    CHECK_THAT(fraction.out, Catch::Contains("--for") && Catch::Contains("whole batches"));
     const auto done = run("run " + file + pieces + " --until 1ep");
     CHECK(done.rc == 0);  // the run is finished: nothing is trained, the final state stands
     CHECK(sha_of(dir / "pieces/final.baton") == sha_of(dir / "whole/final.baton"));

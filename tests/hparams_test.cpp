@@ -373,3 +373,27 @@ holdout = 0.1
     CHECK_FALSE(far.validate());
   }
 }
+
+TEST_CASE("TOML takes a part of an epoch for stage durations, intervals and schedules; the max duration stays whole",
+          "[hparams][time][fraction]") {
+  const auto cur = parse(kTwoStages, {"stage.warmup.duration=0.5ep", "stage.warmup.schedule.over=0.25ep",
+                                      "stage.main.eval={ sets = [\"train\"], interval = \"0.75ep\" }",
+                                      "run.checkpoint_every=1.5ep"});
+  const auto warm = *cur.stages()[0].build();
+  CHECK(warm.duration == Time{0.5, baton::TimeUnit::epoch});
+  const auto main = *cur.stages()[1].build();
+  REQUIRE(main.evaluation);
+  CHECK(main.evaluation->every == Time{0.75, baton::TimeUnit::epoch});
+  REQUIRE(cur.run().checkpoint_every);
+  CHECK(*cur.run().checkpoint_every == Time{1.5, baton::TimeUnit::epoch});
+  // 600 samples in batches of 32 (19 an epoch, the last of 24): half an epoch is 300 samples, the
+  // end of batch 10 (320).
+  auto state = ok(cur.init());
+  state = ok(baton::fit(warm, std::move(state)));
+  CHECK(state.time.batch == 10);
+  CHECK(state.time.sample_in_epoch == 320);
+
+  auto bad = baton::parse_curriculum(kTwoStages, "test.toml", {"run.max_duration=2.5ep"});
+  REQUIRE_FALSE(bad);
+  CHECK_THAT(bad.error().message, Catch::Contains("run.max_duration: \"2.5ep\": the run's max duration counts whole epochs"));
+}

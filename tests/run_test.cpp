@@ -505,6 +505,44 @@ TEST_CASE("a run paused with pause_after / pause_at and called again equals the 
     CHECK(batches == expected_batches);
     CHECK(metric_lines(options.dir) == metric_lines(base.dir));
   }
+  SECTION("half an epoch at a time (300 samples, 10 batches an epoch): on the batch grid, a pause at a stage's start") {
+    auto options = base;
+    options.dir = tmp.path / "halves";
+    options.pause_after = Time{0.5, baton::TimeUnit::epoch};
+    // Each call: 150 samples of the order more than where it starts, to the first batch end at or
+    // past that: 0 -> 150 (batch 5 ends at 160), 160 -> 310 (batch 11, 332), 332 -> 482 (batch
+    // 16, 492), 492 -> 642: stage a ends (600), b takes its one batch (632), and c, which begins by
+    // closing that epoch, starts past the point: paused at 21. Then c to the run's end.
+    const std::vector<std::int64_t> expected_batches = {5, 11, 16, 21, 26};
+    std::vector<std::int64_t> batches;
+    for (int call = 0; call < 8; ++call) {
+      auto r = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+      REQUIRE(r);
+      batches.push_back(r->state.time.batch);
+      if (!r->paused) {
+        test::require_same_bits(whole->state, r->state);
+        break;
+      }
+    }
+    CHECK(batches == expected_batches);
+    CHECK(metric_lines(options.dir) == metric_lines(base.dir));
+  }
+  SECTION("a point in epochs that is a part of one, and the max duration stays whole") {
+    auto options = base;
+    options.dir = tmp.path / "part";
+    options.pause_at = Time{1.5, baton::TimeUnit::epoch};
+    auto r = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE(r);
+    REQUIRE(r->paused);
+    CHECK(r->state.time.batch == 15);
+    CHECK(r->state.time.sample_in_epoch == 160);
+    auto again = baton::run(options, specs, test::new_state(1, Time::epochs(4)));
+    REQUIRE_FALSE(again);
+    CHECK_THAT(again.error().to_string(), Catch::Contains("nothing to train before the pause point 1.5ep"));
+    auto bad = baton::init_state(test::bn_dropout_mlp(), {.seed = 1, .max_duration = Time{3.5, baton::TimeUnit::epoch}});
+    REQUIRE_FALSE(bad);
+    CHECK_THAT(bad.error().message, Catch::Contains("max_duration \"3.5ep\": the run's max duration counts whole epochs"));
+  }
   SECTION("at points of the run's clock in batches, then samples, then to the end") {
     auto options = base;
     options.dir = tmp.path / "points";

@@ -57,11 +57,11 @@ TEST_CASE("a Time no text parses to is refused where it enters, and prints as it
   const auto spec = test::spec(test::blobs(100), Time::batches(3));
   const auto s = test::new_state();
   CHECK_THAT(error_of(baton::fit(spec, s, Time{1.5, TimeUnit::batch})), Catch::Contains("batches are counted in whole numbers"));
-  CHECK_THAT(error_of(baton::fit(spec.with_duration(Time{0.5, TimeUnit::epoch}), s)),
-             Catch::Contains("duration: time \"0.5ep\": epochs are counted in whole numbers"));
+  CHECK_THAT(error_of(baton::fit(spec.with_duration(Time{-0.5, TimeUnit::epoch}), s)),
+             Catch::Contains("duration: time \"-0.5ep\": negative"));
   auto bad = baton::init_state(test::bn_dropout_mlp(), {.seed = 1, .max_duration = Time{2.5, TimeUnit::epoch}});
   REQUIRE_FALSE(bad);
-  CHECK_THAT(bad.error().message, Catch::Contains("max_duration: time \"2.5ep\""));
+  CHECK_THAT(bad.error().message, Catch::Contains("max_duration \"2.5ep\": the run's max duration counts whole epochs"));
 }
 
 TEST_CASE("optimizer carry: the error says whether the fit begins or continues the stage, and which carry it had",

@@ -72,7 +72,9 @@ struct RunOptions {
   /// on from the checkpoint, to the bits of a run never paused. The CLI's `baton run --until`.
   std::optional<Time> pause_at{};
   /// Pause after training this much in this call, counted from where it starts or resumes (the
-  /// CLI's `baton run --for 1ep`): "train one more epoch, look, decide". At most one of the two.
+  /// CLI's `baton run --for 1ep`): "train one more epoch, look, decide". Epochs count as `fit`'s
+  /// budget does, from the position in the epoch's order ("0.5ep": half an epoch more, on the
+  /// batch grid). At most one of the two.
   std::optional<Time> pause_after{};
   bool handle_signals = true;              ///< Ctrl-C/SIGTERM: finish the batch, checkpoint, return interrupted
   bool progress = true;                    ///< a progress bar (a terminal) or lines (a pipe) on stdout

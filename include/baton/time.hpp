@@ -18,8 +18,15 @@ enum class TimeUnit { epoch, batch, sample, duration };
 /// Suffix of a unit: "ep", "ba", "sp", "dur".
 std::string_view unit_suffix(TimeUnit unit) noexcept;
 
-/// An amount of training time with a unit. `ep`, `ba` and `sp` are non-negative integers;
-/// `dur` is a fraction in [0, 1] of the run's max duration.
+/// An amount of training time with a unit. `ba` and `sp` are non-negative integers; `ep` is a
+/// non-negative number of epochs, whole or not ("0.5ep"); `dur` is a fraction in [0, 1] of the
+/// run's max duration.
+///
+/// A part of an epoch lies on the batch grid: `x` epochs of data of `n` samples are
+/// `round(x * n)` samples of the data order, and a point in epochs is reached at the first batch
+/// end at or past it (`floor(x)` epochs, then `round(frac(x) * n)` samples of the next one's
+/// order). Every interval, budget, pause point and stage duration takes them; only the run's max
+/// duration (`InitOptions::max_duration`) counts whole epochs, as its epoch counter does.
 ///
 /// ```cpp
 /// auto t = baton::Time::parse("500ba");            // Expected<Time>
@@ -39,10 +46,10 @@ struct Time {
   static constexpr Time samples(std::int64_t n) { return {static_cast<double>(n), TimeUnit::sample}; }
   static constexpr Time fraction(double f) { return {f, TimeUnit::duration}; }
 
-  /// The integer count of an `ep`/`ba`/`sp` time.
+  /// The integer count of a `ba`/`sp` time (or of a whole number of epochs).
   [[nodiscard]] constexpr std::int64_t count() const { return static_cast<std::int64_t>(value); }
 
-  /// Canonical text, e.g. "500ba", "0.25dur"; `parse(t.to_string()) == t` for a valid time. An
+  /// Canonical text, e.g. "500ba", "0.5ep", "0.25dur"; `parse(t.to_string()) == t` for a valid time. An
   /// invalid one prints as it is ("1.5ba"), so that messages about it are true.
   [[nodiscard]] std::string to_string() const;
 
@@ -102,7 +109,7 @@ constexpr std::optional<Time> Time::try_parse(std::string_view s) noexcept {
   // One correctly rounded division of two exact integers: equals strtod's result.
   const double value = static_cast<double>(int_part) +
                        static_cast<double>(frac) / static_cast<double>(frac_scale);
-  if (unit != TimeUnit::duration && frac != 0) return std::nullopt;  // "1.5ba": counts are integers
+  if ((unit == TimeUnit::batch || unit == TimeUnit::sample) && frac != 0) return std::nullopt;  // "1.5ba": whole counts
   if (unit == TimeUnit::duration && value > 1.0) return std::nullopt;
   return Time{value, unit};
 }

@@ -298,9 +298,9 @@ int main(int argc, char** argv, const Registry& registry) {
   run_cmd->add_option("--run-dir", run_args.run_dir, "Run directory (default: run.run_dir)");
   run_cmd->add_flag("--fresh", run_args.fresh, "Start over: remove the run directory's checkpoints and metrics");
   auto* for_opt = run_cmd->add_option("--for", run_args.for_time,
-                                      "Train this much more (e.g. 1ep, 200ba), checkpoint and stop (exit 0); run again to go on");
+                                      "Train this much more (e.g. 1ep, 0.5ep, 200ba), checkpoint and stop (exit 0); run again to go on");
   run_cmd->add_option("--until", run_args.until_time,
-                      "Train until the run's clock reaches this (e.g. 3ep), checkpoint and stop (exit 0)")
+                      "Train until the run's clock reaches this (e.g. 3ep, 2.5ep), checkpoint and stop (exit 0)")
       ->excludes(for_opt);
   run_cmd->add_flag("--accept-runtime-change", run_args.accept_runtime_change,
                     "Resume even where threads, LibTorch, CPU kernels or BLAS differ from the checkpoint's (the run "

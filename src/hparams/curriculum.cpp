@@ -291,6 +291,9 @@ void read_run(const toml::table& root, const std::string& source, RunConfig& rc,
   if (const auto* n = run->get("max_duration")) {
     if (auto t = r.time(n, "max_duration")) {
       if (t->unit == TimeUnit::duration || t->value <= 0) p.add(n, "run.max_duration: must be more than zero, in ep, ba or sp");
+      else if (t->unit == TimeUnit::epoch && t->value != std::floor(t->value))
+        p.add(n, fmt::format("run.max_duration: \"{}\": the run's max duration counts whole epochs; end a run inside an "
+                             "epoch with ba or sp (a stage's duration may be a part of an epoch)", t->to_string()));
       else rc.max_duration = *t;
     }
   } else {

@@ -60,23 +60,26 @@ Expected<void> check_stages(const RunOptions& o, const std::vector<TrainingSpec>
   return {};
 }
 
-/// A pause point on the run's clock: whole epochs (the epoch counter), batches or samples.
+/// A pause point on the run's clock: epochs (a part of one allowed), batches or samples.
 struct PausePoint {
   TimeUnit unit = TimeUnit::batch;
-  std::int64_t target = 0;
+  double target = 0;  // batches, samples: a whole count
 
-  /// Where `s` stands on this point's counter before `spec`'s fit: a new stage first closes a
-  /// partial epoch, so that epoch counts as ended.
-  [[nodiscard]] std::int64_t now(const TrainingSpec& spec, const TrainState& s) const {
-    if (unit == TimeUnit::batch) return s.time.batch;
-    if (unit == TimeUnit::sample) return s.time.sample;
-    return s.time.epoch + (s.stage != spec.name && s.time.sample_in_epoch > 0 ? 1 : 0);
+  /// Where `s` stands on this point's clock once `spec`'s fit has entered its stage (a new stage
+  /// first closes a partial epoch, so that epoch counts as ended): epochs are the epoch counter
+  /// plus the part of the current epoch's order consumed.
+  [[nodiscard]] double now(const TrainingSpec& spec, const TrainState& s) const {
+    if (unit == TimeUnit::batch) return static_cast<double>(s.time.batch);
+    if (unit == TimeUnit::sample) return static_cast<double>(s.time.sample);
+    const Timestamp t = detail::stage_position(spec, s).time;
+    const std::int64_t n = spec.data.train.size();
+    return static_cast<double>(t.epoch) + (n > 0 ? static_cast<double>(t.sample_in_epoch) / static_cast<double>(n) : 0.0);
   }
-  [[nodiscard]] std::string text() const { return Time{static_cast<double>(target), unit}.to_string(); }
+  [[nodiscard]] std::string text() const { return Time{target, unit}.to_string(); }
 
   /// From RunOptions::pause_at, or pause_after counted from where `s` stands before `next`'s fit
-  /// (epochs: until that many more epochs have ended, so from the middle of epoch 3, "1ep" pauses
-  /// at the start of epoch 4). A point the run has reached already is an error, not a no-op.
+  /// ("1ep" in the middle of epoch 3, at 3.4 epochs, pauses at 4.4, as fit's budget counts). A
+  /// point the run has reached already is an error, not a no-op.
   static Expected<std::optional<PausePoint>> make(const RunOptions& o, const TrainingSpec& next, const TrainState& s) {
     if (o.pause_at && o.pause_after)
       return fail(ErrorCode::invalid_argument, "run: pause_at and pause_after are both set; give at most one");
@@ -84,7 +87,7 @@ struct PausePoint {
     if (!when) return std::optional<PausePoint>{};
     if (auto ok = when->check(); !ok) return tl::unexpected(ok.error().with_context("run: the pause point"));
     const Time t = detail::resolve(*when, s.max_duration);  // "dur": a fraction of the max, in its unit
-    PausePoint p{t.unit, std::llround(t.value)};
+    PausePoint p{t.unit, t.unit == TimeUnit::epoch ? t.value : std::round(t.value)};
     if (o.pause_after) p.target += p.now(next, s);
     if (p.target <= p.now(next, s))
       return fail(ErrorCode::invalid_argument,
@@ -92,16 +95,19 @@ struct PausePoint {
     return std::optional<PausePoint>{p};
   }
 
-  /// What `spec`'s fit on `s` may train before the pause point: batches or samples (zero: pause now).
+  /// What `spec`'s fit on `s` may train before the pause point, in batches or samples (zero: pause
+  /// now). Epochs: to the first batch end at or past `floor(target)` epochs and
+  /// `round(frac(target) * n)` samples of the next epoch's order.
   [[nodiscard]] Time budget(const TrainingSpec& spec, const TrainState& s) const {
-    const std::int64_t left = std::max<std::int64_t>(0, target - now(spec, s));
-    if (unit != TimeUnit::epoch) return Time{static_cast<double>(left), unit};
-    if (left == 0) return Time::batches(0);
-    // Epochs: the batches to the end of epoch `target - 1`.
-    const std::int64_t in_epoch = s.stage != spec.name ? 0 : s.time.sample_in_epoch;
-    const std::int64_t n = spec.data.train.size(), b = spec.data.batch_size;
-    auto batches = [&](std::int64_t samples) { return spec.data.drop_last ? samples / b : (samples + b - 1) / b; };
-    return Time::batches(batches(n - in_epoch) + (left - 1) * batches(n));
+    if (unit != TimeUnit::epoch)
+      return Time{std::max(0.0, target - now(spec, s)), unit};
+    const Timestamp t = detail::stage_position(spec, s).time;
+    const std::int64_t n = spec.data.train.size();
+    const double whole = std::floor(target);
+    const detail::Mark mark{TimeUnit::epoch, static_cast<std::int64_t>(whole) * n + std::llround((target - whole) * static_cast<double>(n))};
+    if (mark.reached(t, n)) return Time::batches(0);
+    const Timestamp u = detail::simulate(t, mark, s.max_duration, n, spec.data.batch_size, spec.data.drop_last);
+    return Time::batches(u.batch - t.batch);
   }
 };
 
