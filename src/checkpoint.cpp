@@ -289,6 +289,12 @@ Expected<CheckpointInfo> read_checkpoint_info(const fs::path& path) {
   });
 }
 
+std::vector<detail::ckpt::Entry> detail::ckpt::read_entries(const fs::path& path) {
+  const Verified v = read_verified(path);
+  decode_header(v.header, v.version, path);  // a header load_checkpoint would refuse is refused here too
+  return tensors_of(v, path, true);
+}
+
 std::string params_sha256(const TrainState& state) {
   try {
     Sha256 sha;

@@ -54,6 +54,10 @@ struct Entry {
 };
 
 std::vector<Entry> entries_of(const TrainState& s);
+
+/// The tensors of the checkpoint at `path`, read and verified as `load_checkpoint` reads them
+/// (framing, checksum, header), without a model. Throws baton's error (use inside detail::guard).
+std::vector<Entry> read_entries(const std::filesystem::path& path);
 std::string encode_header(const TrainState& s, const CheckpointMeta& meta, const std::vector<Entry>& entries);
 
 /// Everything of the header but the tensor descriptors.

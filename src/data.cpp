@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
@@ -41,8 +42,10 @@ Expected<void> Dataset::validate() const {
 Dataset Dataset::head(std::int64_t n) const {
   if (n >= size()) return *this;
   const auto part = fmt::format("{}[:{}]", name, n);
-  if (source) return make_dataset(detail::subset(source, torch::arange(n, torch::kLong)), part);
-  return Dataset{inputs.narrow(0, 0, n), targets.narrow(0, 0, n), part};
+  auto out = source ? make_dataset(detail::subset(source, torch::arange(n, torch::kLong)), part)
+                    : Dataset{inputs.narrow(0, 0, n), targets.narrow(0, 0, n), part};
+  out.origin = detail::sliced_origin(origin, 0, n);
+  return out;
 }
 
 namespace {
@@ -247,7 +250,11 @@ Expected<Dataset> idx_images(const std::filesystem::path& images, const std::fil
       return fail(ErrorCode::data, fmt::format("{} has {} images but {} has {} labels", images.string(),
                                                x->size(0), labels.string(), y->size(0)));
     auto inputs = detail::scale_pixels(x->unsqueeze(1), options.normalize, options.mean, options.std);
-    return make_dataset(std::move(inputs), y->to(torch::kLong), std::move(name));
+    auto ds = make_dataset(std::move(inputs), y->to(torch::kLong), std::move(name));
+    if (ds)
+      ds->origin = {"idx", {{"images", detail::absolute_path(images)}, {"labels", detail::absolute_path(labels)},
+                            {"normalize", options.normalize}, {"mean", options.mean}, {"std", options.std}}};
+    return ds;
   });
 }
 
@@ -265,6 +272,11 @@ Expected<Dataset> fashion_mnist(Split split, const std::filesystem::path& dir, c
   if (!ds && ds.error().code == ErrorCode::io)
     return tl::unexpected(ds.error().with_context(
         "fashion-mnist (install the Debian package dataset-fashion-mnist, or pass its directory)"));
+  // The kind "fashion-mnist" takes no mean and std: other values stay an "idx" origin.
+  const ImageOptions defaults;
+  if (ds && options.mean == defaults.mean && options.std == defaults.std)
+    ds->origin = {"fashion-mnist", {{"split", std::string(train ? "train" : "test")},
+                                    {"dir", detail::absolute_path(dir)}, {"normalize", options.normalize}}};
   return ds;
 }
 
@@ -297,8 +309,10 @@ Expected<Dataset> slice(const Dataset& dataset, std::int64_t offset, std::int64_
   if (offset == 0 && (limit == 0 || limit >= n)) return dataset;
   const std::int64_t count = limit == 0 ? n - offset : std::min(limit, n - offset);
   const auto part = fmt::format("{}[{}:{}]", dataset.name, offset, offset + count);
-  if (dataset.lazy()) return make_dataset(detail::subset(dataset.source, torch::arange(offset, offset + count, torch::kLong)), part);
-  return Dataset{dataset.inputs.narrow(0, offset, count), dataset.targets.narrow(0, offset, count), part};
+  auto out = dataset.lazy() ? make_dataset(detail::subset(dataset.source, torch::arange(offset, offset + count, torch::kLong)), part)
+                            : Dataset{dataset.inputs.narrow(0, offset, count), dataset.targets.narrow(0, offset, count), part};
+  out.origin = detail::sliced_origin(dataset.origin, offset, count);
+  return out;
 }
 
 Expected<HeldOut> hold_out(const Dataset& dataset, const HoldOutOptions& options) {
@@ -322,14 +336,38 @@ Expected<HeldOut> hold_out(const Dataset& dataset, const HoldOutOptions& options
   const auto val_idx = mask.nonzero().squeeze(1);
   const auto train_idx = mask.logical_not().nonzero().squeeze(1);
   auto part = [&](const torch::Tensor& idx, const char* which) {
-    if (dataset.lazy()) return make_dataset(detail::subset(dataset.source, idx), fmt::format("{}:{}", dataset.name, which));
-    return Dataset{dataset.inputs.index_select(0, idx), dataset.targets.index_select(0, idx),
-                   fmt::format("{}:{}", dataset.name, which)};
+    auto out = dataset.lazy() ? make_dataset(detail::subset(dataset.source, idx), fmt::format("{}:{}", dataset.name, which))
+                              : Dataset{dataset.inputs.index_select(0, idx), dataset.targets.index_select(0, idx),
+                                        fmt::format("{}:{}", dataset.name, which)};
+    // A curriculum holds out once, after its offset and limit: a part of a part has no origin.
+    if (!dataset.origin.kind.empty() && dataset.origin.holdout_fraction == 0) {
+      out.origin = dataset.origin;
+      out.origin.holdout_fraction = options.fraction, out.origin.holdout_seed = options.seed;
+      out.origin.holdout_val = std::string_view(which) == "val";
+    }
+    return out;
   };
   return HeldOut{part(train_idx, "train"), part(val_idx, "val")};
 }
 
 }  // namespace data
+
+DataOrigin detail::sliced_origin(const DataOrigin& origin, std::int64_t offset, std::int64_t count) {
+  // A curriculum takes offset and limit before holding out: a range of a held-out part has none.
+  if (origin.kind.empty() || origin.holdout_fraction > 0) return {};
+  DataOrigin out = origin;
+  const auto at = out.keys.find("offset");
+  const double before = at == out.keys.end() ? 0.0 : std::get<double>(at->second);
+  out.keys["offset"] = before + static_cast<double>(offset);
+  out.keys["limit"] = static_cast<double>(count);
+  return out;
+}
+
+std::string detail::absolute_path(const std::filesystem::path& p) {
+  std::error_code ec;
+  const auto abs = std::filesystem::absolute(p, ec);
+  return (ec ? p : abs).lexically_normal().string();
+}
 
 torch::Tensor detail::scale_pixels(const torch::Tensor& pixels, bool normalize, double mean, double std) {
   auto inputs = pixels.to(torch::kFloat32).div_(255.0);

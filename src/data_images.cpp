@@ -222,6 +222,11 @@ Expected<ImageFolder> image_folder(const ImageFolderOptions& o) {
   }
   if (kept.empty()) return fail(ErrorCode::data, fmt::format("{}: no images{}", where.string(), out.skipped.empty() ? "" : " that stb can read"));
   out.dataset = make_dataset(std::make_shared<ImageSource>(std::move(kept), out.classes, o, h, w), where.filename().string());
+  Params keys = {{"height", static_cast<double>(o.height)}, {"width", static_cast<double>(o.width)},
+                 {"channels", static_cast<double>(o.channels)}, {"normalize", o.scale.normalize},
+                 {"mean", o.scale.mean}, {"std", o.scale.std}, {"skip_corrupt", o.skip_corrupt}};
+  keys[o.root.empty() ? "list" : "root"] = detail::absolute_path(where);
+  out.dataset.origin = {"image_folder", std::move(keys)};
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include <torch/types.h>
 
+#include "baton/data.hpp"
 #include "baton/error.hpp"
 
 namespace baton {
@@ -34,6 +35,13 @@ std::vector<std::string> class_names(const std::shared_ptr<const Source>& source
 
 /// The samples `indices` (int64 [M], into `base`) of a lazy source, as a source of M samples.
 std::shared_ptr<const Source> subset(std::shared_ptr<const Source> base, torch::Tensor indices);
+
+/// `origin` after taking the `count` samples from `offset` (its offset and limit composed); none
+/// where a curriculum cannot say it (a range of a held-out part, an unknown origin).
+DataOrigin sliced_origin(const DataOrigin& origin, std::int64_t offset, std::int64_t count);
+
+/// `p` made absolute and normal: how a dataset's origin names its files, wherever it is read.
+std::string absolute_path(const std::filesystem::path& p);
 
 /// uint8 pixels as float32 in [0, 1], then `(x - mean) / std` when `normalize`: the one
 /// definition of how images become inputs (the same operations in the same order, so the same

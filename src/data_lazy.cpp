@@ -142,7 +142,9 @@ Expected<Dataset> materialize(const Dataset& dataset) {
   if (auto ok = dataset.validate(); !ok) return tl::unexpected(ok.error());
   auto b = dataset.range(0, dataset.size());
   if (!b) return tl::unexpected(b.error());
-  return make_dataset(std::move(b->inputs), std::move(b->targets), dataset.name);
+  auto out = make_dataset(std::move(b->inputs), std::move(b->targets), dataset.name);
+  if (out) out->origin = dataset.origin;  // the same samples
+  return out;
 }
 
 }  // namespace data

@@ -108,7 +108,11 @@ Expected<Dataset> csv(const CsvOptions& options) {
     } else {
       y = y.to(torch::kFloat32).unsqueeze(1);
     }
-    return make_dataset(x, y, path);
+    auto ds = make_dataset(x, y, path);
+    if (ds)
+      ds->origin = {"csv", {{"path", detail::absolute_path(options.path)}, {"target", t.header[t.target_col]},
+                            {"classification", options.classification}}};
+    return ds;
   });
 }
 
@@ -130,7 +134,12 @@ Expected<Dataset> synthetic(const SyntheticOptions& options) {
     auto gen = at::detail::createCPUGenerator(sample_seed);
     auto y = torch::randint(0, classes, {n}, gen, torch::kLong);
     auto x = centers.index_select(0, y) + torch::randn({n, features}, gen);
-    return make_dataset(x, y, fmt::format("synthetic(seed {}, sample_seed {})", seed, sample_seed));
+    auto ds = make_dataset(x, y, fmt::format("synthetic(seed {}, sample_seed {})", seed, sample_seed));
+    auto whole = [](auto v) { return static_cast<double>(v); };
+    if (ds)
+      ds->origin = {"synthetic", {{"samples", whole(n)}, {"features", whole(features)}, {"classes", whole(classes)},
+                                  {"seed", whole(seed)}, {"sample_seed", whole(sample_seed)}}};
+    return ds;
   });
 }
 

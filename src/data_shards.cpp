@@ -403,6 +403,10 @@ Expected<PackSummary> pack(const Dataset& dataset, const fs::path& dir, const Pa
   return sum;
 }
 
-Expected<Dataset> shards(const fs::path& dir, const ShardOptions& options) { return open_shards(dir, options); }
+Expected<Dataset> shards(const fs::path& dir, const ShardOptions& options) {
+  auto ds = open_shards(dir, options);
+  if (ds) ds->origin = {"shards", {{"dir", detail::absolute_path(dir)}, {"verify", options.verify}}};
+  return ds;
+}
 
 }  // namespace baton::data

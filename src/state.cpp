@@ -280,8 +280,14 @@ std::string TransferReport::to_string() const {
 }
 
 namespace models {
+ModelFactory named(std::string name, Params params, ModelFactory factory) {
+  return Named{std::move(name), std::move(params), std::move(factory)};
+}
+
 ModelFactory mlp(std::vector<std::int64_t> widths) {
-  return model_factory([widths] {
+  // The keys Registry::builtin's "mlp" reads (src/hparams/registry.cpp).
+  const Params params = {{"widths", std::vector<double>(widths.begin(), widths.end())}};
+  return named("mlp", params, model_factory([widths] {
     torch::nn::Sequential seq;
     seq->push_back(torch::nn::Flatten());
     for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
@@ -289,11 +295,16 @@ ModelFactory mlp(std::vector<std::int64_t> widths) {
       if (i + 2 < widths.size()) seq->push_back(torch::nn::ReLU());
     }
     return seq;
-  });
+  }));
 }
 
 ModelFactory small_cnn(SmallCnnOptions o) {
-  return model_factory([o] {
+  // The keys Registry::builtin's "small_cnn" reads (src/hparams/registry.cpp).
+  auto whole = [](std::int64_t v) { return static_cast<double>(v); };
+  const Params params = {{"channels1", whole(o.channels1)}, {"channels2", whole(o.channels2)}, {"hidden", whole(o.hidden)},
+                         {"classes", whole(o.classes)},     {"in_channels", whole(o.in_channels)},
+                         {"image_size", whole(o.image_size)}, {"dropout", o.dropout}};
+  return named("small_cnn", params, model_factory([o] {
     namespace nn = torch::nn;
     const auto side = o.image_size / 4;
     nn::Sequential net(
@@ -307,7 +318,7 @@ ModelFactory small_cnn(SmallCnnOptions o) {
     if (o.dropout > 0) net->push_back(nn::Dropout(o.dropout));
     net->push_back(nn::Linear(o.hidden, o.classes));
     return net;
-  });
+  }));
 }
 }  // namespace models
 

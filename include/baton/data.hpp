@@ -16,6 +16,7 @@
 #include <torch/types.h>
 
 #include "baton/error.hpp"
+#include "baton/params.hpp"
 
 namespace baton {
 
@@ -57,6 +58,19 @@ class Source {
   [[nodiscard]] virtual std::string identity() const { return {}; }
 };
 
+/// How a baton loader made a dataset, as a curriculum's `[datasets.<name>]` table would say it:
+/// the `kind` and its keys (input paths absolute), then the selection every kind takes (`offset`
+/// and `limit`, then `holdout`). A C++ run records it (run.hpp: tools.toml), so that `baton eval`
+/// and `baton export --inference` rebuild the dataset by name. The loaders set it, `slice`,
+/// `head`, `hold_out` and `materialize` carry it; any other dataset has none (`kind` empty).
+struct DataOrigin {
+  std::string kind{};  ///< "fashion-mnist", "idx", "csv", "synthetic", "image_folder", "shards"; "": unknown
+  Params keys{};       ///< the kind's keys, and `offset` / `limit` when a part was taken
+  double holdout_fraction = 0;      ///< > 0: a part of `data::hold_out` of the samples above
+  std::uint64_t holdout_seed = 0;
+  bool holdout_val = false;         ///< which part: the held-out one, or the rest
+};
+
 /// A dataset: in memory (`inputs[i]` and `targets[i]` form sample i), or lazy (`source` makes
 /// samples on demand; `inputs` and `targets` are then undefined). Tensors and sources are shared,
 /// never written by baton: copying a Dataset is cheap and safe. The loop, `eval` and every
@@ -67,6 +81,7 @@ struct Dataset {
   torch::Tensor targets;                 ///< [N] int64 class indices, or [N, ...] floating for regression
   std::string name;                      ///< used in messages, e.g. "fashion-mnist/train"
   std::shared_ptr<const Source> source{};  ///< set: a lazy dataset
+  DataOrigin origin{};                   ///< which loader made it, when a baton loader did
 
   [[nodiscard]] bool lazy() const { return source != nullptr; }
   [[nodiscard]] std::int64_t size() const {

@@ -24,6 +24,11 @@ using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
 /// `weights`: "" for the model's own, or "ema" / "swa" for the weights that algorithm keeps.
 Expected<StateDict> state_dict(const TrainState& state, const std::string& weights = "");
 
+/// The weights of the checkpoint at `path` (checkpoint.hpp) as `state_dict` gives them for the
+/// state it holds (same names, order and bits), read without building the model: what `baton
+/// export STATE OUT` writes, for any run directory. `weights` as for `state_dict`.
+Expected<StateDict> checkpoint_state_dict(const std::filesystem::path& path, const std::string& weights = "");
+
 /// Writes a state dict (contiguous CPU tensors) in the format of Python's `torch.save`, so that
 /// `model.load_state_dict(torch.load(path))` takes it. The file is replaced atomically.
 Expected<void> save_state_dict(const StateDict& tensors, const std::filesystem::path& path);

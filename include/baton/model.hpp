@@ -8,14 +8,19 @@
 /// uses the factory to make the independent copies a value `TrainState` needs (then copies the
 /// tensors over), so the module need not be `Cloneable`.
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
+
+#include "baton/params.hpp"
 
 namespace baton {
 
@@ -49,8 +54,30 @@ ModelFactory model_factory(F make) {
 
 namespace models {
 
+/// A factory that says what it builds, by a name a `Registry` knows and that entry's `[model]`
+/// keys: what a C++ run records (run.hpp) so that `baton eval`, `baton export` and `baton
+/// predict` rebuild the model from its run directory. The built-in factories are `Named`
+/// (`mlp`, `small_cnn`); `named` makes one of your own factory. Recover it from any
+/// `ModelFactory` with `factory.target<baton::models::Named>()` (null: the factory says nothing).
+struct Named {
+  std::string name;  ///< the registry's name: "mlp", "small_cnn", or yours ("my_net")
+  Params params{};   ///< its `[model]` keys, as a curriculum file would give them
+  ModelFactory make{};
+  Model operator()() const { return make(); }
+};
+
+/// `factory`, named for the `baton` tools: `name` and `params` must build the same architecture
+/// through the registry of the program that reads the run (a program on `baton::cli::main`
+/// with `registry.models[name]`).
+///
+/// ```cpp
+/// auto factory = baton::models::named("my_net", {{"width", 64.0}}, baton::model_factory([] { return MyNet(64); }));
+/// ```
+ModelFactory named(std::string name, Params params, ModelFactory factory);
+
 /// A multi-layer perceptron over flattened inputs: widths {784, 256, 128, 10} gives
-/// Flatten, Linear(784,256), ReLU, Linear(256,128), ReLU, Linear(128,10).
+/// Flatten, Linear(784,256), ReLU, Linear(256,128), ReLU, Linear(128,10). A `Named` "mlp"
+/// (`widths`).
 ModelFactory mlp(std::vector<std::int64_t> widths);
 
 /// Options of the small CNN for 28x28 single-channel images.
@@ -65,7 +92,8 @@ struct SmallCnnOptions {
 };
 
 /// Conv(3x3)-BatchNorm-ReLU-MaxPool twice, then Linear-ReLU-Linear: about 0.9 test accuracy on
-/// Fashion-MNIST after one epoch, 0.91-0.92 after three.
+/// Fashion-MNIST after one epoch, 0.91-0.92 after three. A `Named` "small_cnn" (every option
+/// by its field name).
 ModelFactory small_cnn(SmallCnnOptions options = {});
 
 }  // namespace models

@@ -6,6 +6,7 @@
 /// | file                         | what                                                          |
 /// | ---------------------------- | ------------------------------------------------------------- |
 /// | `config.toml`                | the configuration (a curriculum's resolved TOML, or a summary of the specs) |
+/// | `tools.toml`                 | a C++ run's model and datasets, for `baton eval/export/predict` (docs/run-directory.md) |
 /// | `metrics.jsonl`, `metrics.csv` | training and evaluation metrics, one schema (docs/report.md) |
 /// | `checkpoints/ckpt-*.baton`   | at intervals (keep-last-N), at each stage's end, on Ctrl-C     |
 /// | `final.baton`                | the final state                                               |

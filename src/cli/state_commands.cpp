@@ -18,26 +18,57 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+std::string first_line(const fs::path& file) {
+  std::string first;
+  if (std::ifstream in(file); in) std::getline(in, first);
+  return first;
+}
+
+/// What a C++ run (baton::run) wrote for the tools, tools.toml beside its config.toml (a record
+/// of its settings by baton::describe, not a curriculum), as a curriculum: its model and the
+/// datasets a baton loader made. What it cannot rebuild is an error saying what to do.
+Expected<Curriculum> cxx_run_config(const fs::path& record, const Registry& registry) {
+  const fs::path tools = record.parent_path() / "tools.toml";
+  const auto instead = "or pass --config with a curriculum whose [model] and [datasets] are the run's, or evaluate and "
+                       "export from C++ (baton::eval, save_for_inference); `baton export STATE OUT` (the weights only) "
+                       "needs neither";
+  std::ifstream in(tools);
+  if (!in)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("{}: is the record of a C++ run (baton::run) and {} is missing (a run of an older baton): "
+                            "run it again to write it, {}", record.string(), tools.string(), instead));
+  const std::string text{std::istreambuf_iterator<char>(in), {}};
+  if (text.find("\n[model]\n") == std::string::npos)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("{}: the C++ run's model is not named for the tools: its factory is neither a built-in "
+                            "(baton::models::mlp, small_cnn) nor named. Name it in the C++ run with "
+                            "baton::models::named(\"my_net\", params, factory) and run the command with your program on "
+                            "baton::cli::main whose registry builds \"my_net\" from those params, {}",
+                            tools.string(), instead));
+  if (text.find("\n[[stages]]\n") == std::string::npos)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("{}: none of the C++ run's datasets can be rebuilt by name (they were not made by a baton "
+                            "loader: data::fashion_mnist, idx_images, csv, synthetic, image_folder, shards, and their "
+                            "slice / hold_out parts), {}", tools.string(), instead));
+  auto cur = parse_curriculum(text, tools.string(), {}, registry);
+  if (!cur)
+    return tl::unexpected(cur.error().with_context(fmt::format(
+        "{} (the C++ run's model and datasets; a model of your own: run the command with your program on "
+        "baton::cli::main, whose registry names it)", tools.string())));
+  return cur;
+}
+
 /// The curriculum a state was trained with: `config`, or the config.toml of the run directory
-/// that holds the state (beside final.baton, one level above checkpoints/).
+/// that holds the state (beside final.baton, one level above checkpoints/), or for a C++ run,
+/// its tools.toml.
 Expected<Curriculum> run_config(const std::string& state_path, std::string config, const Registry& registry) {
   if (config.empty()) {
     const fs::path dir = fs::path(state_path).parent_path();
     std::error_code ec;
     config = (dir.filename() == "checkpoints" && !fs::exists(dir / "config.toml", ec) ? dir.parent_path() : dir) / "config.toml";
   }
-  // A C++ run's config.toml is baton::describe's record of its settings (its first line says
-  // so), not a curriculum: it names no model or datasets the command line could build.
-  std::string first;
-  if (std::ifstream in(config); in) std::getline(in, first);
-  if (first.find("(baton::describe)") != std::string::npos)
-    return fail(ErrorCode::invalid_argument,
-                fmt::format("{}: is the record of a C++ run (baton::run), not a curriculum: the command line cannot "
-                            "build its model or datasets from it. Pass --config with a curriculum whose [model] and "
-                            "[datasets] are the run's (a model of your own: a program on baton::cli::main with your "
-                            "registry), or evaluate and export from C++ (baton::eval, baton::state_dict and "
-                            "save_state_dict, save_for_inference)",
-                            config));
+  // A C++ run's config.toml is baton::describe's record of its settings (its first line says so).
+  if (first_line(config).find("(baton::describe)") != std::string::npos) return cxx_run_config(config, registry);
   auto cur = load_curriculum(config, {}, registry);
   if (!cur) return tl::unexpected(cur.error().with_context("--config (the run's config.toml)"));
   return cur;
@@ -69,7 +100,9 @@ int evaluate(const std::string& state_path, const std::string& data, std::string
   auto state = saved_state(*cur, state_path);
   if (!state) return report(state.error());
   auto ds = cur->dataset(data);
-  if (!ds) return report(ds.error());
+  if (!ds)
+    return report(ds.error().with_context(fmt::format(
+        "--data {} (of a C++ run: the datasets its tools.toml names, those a baton loader made)", data)));
   std::vector<Metric> metrics;
   if (metric_names.empty()) {
     // The curriculum's: those of the stage the state was written in, else of the last stage that
@@ -144,11 +177,11 @@ std::string csv_cell(const std::string& text) {
 }  // namespace
 
 int export_weights(const ExportArgs& a, const Registry& registry) {
-  auto cur = run_config(a.state, a.config, registry);
-  if (!cur) return report(cur.error());
-  auto state = saved_state(*cur, a.state);
-  if (!state) return report(state.error());
   if (a.inference) {
+    auto cur = run_config(a.state, a.config, registry);
+    if (!cur) return report(cur.error());
+    auto state = saved_state(*cur, a.state);
+    if (!state) return report(state.error());
     auto card = card_for(a, *cur);
     if (!card) return report(card.error());
     if (auto ok = save_for_inference(*state, *card, a.out); !ok) return report(ok.error());
@@ -160,7 +193,8 @@ int export_weights(const ExportArgs& a, const Registry& registry) {
   }
   if (!a.data.empty() || !a.classes.empty())
     return report(Error{ErrorCode::invalid_argument, "--data and --classes describe an inference artifact: add --inference", {}});
-  auto tensors = state_dict(*state, a.weights);
+  // The weights need no model: straight from the checkpoint (so from any run directory).
+  auto tensors = checkpoint_state_dict(a.state, a.weights);
   if (!tensors) return report(tensors.error());
   if (auto ok = save_state_dict(*tensors, a.out); !ok) return report(ok.error());
   std::int64_t elements = 0;

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
 #include <torch/torch.h>
 
+#include "checkpoint_header.hpp"
 #include "detail.hpp"
 #include "inference/internal.hpp"
 #include "interop/internal.hpp"
@@ -116,6 +117,34 @@ Expected<StateDict> state_dict(const TrainState& state, const std::string& weigh
     StateDict out;
     for (auto named : {state.named_parameters(), state.named_buffers()})
       for (auto& [name, t] : named) out.emplace_back(name, t.detach().to(torch::kCPU).contiguous().clone());
+    return out;
+  });
+}
+
+Expected<StateDict> checkpoint_state_dict(const std::filesystem::path& path, const std::string& weights) {
+  return detail::guard([&]() -> Expected<StateDict> {
+    const auto entries = detail::ckpt::read_entries(path);
+    std::map<std::string, torch::Tensor> kept;  // the algorithm's tensors by name
+    for (const auto& e : entries)
+      if (!weights.empty() && e.group == "algorithm" && e.owner == weights) kept[e.name] = e.tensor;
+    if (!weights.empty() && kept.empty())
+      return fail(ErrorCode::invalid_argument,
+                  fmt::format("{}: weights \"{}\" requested, but the checkpoint holds none; add the algorithm \"{}\" to "
+                              "the training spec and train at least one step with it", path.string(), weights, weights));
+    StateDict out;
+    for (const std::string group : {"parameter", "buffer"})  // as state_dict: parameters, then buffers, in module order
+      for (const auto& e : entries) {
+        if (e.group != group || !e.tensor.defined()) continue;
+        if (weights.empty()) {
+          out.emplace_back(e.name, e.tensor);
+          continue;
+        }
+        const auto it = kept.find(e.name);
+        if (it == kept.end() || !it->second.defined() || it->second.sizes() != e.tensor.sizes())
+          return fail(ErrorCode::shape_mismatch, fmt::format("{}: weights \"{}\" have no tensor \"{}\" of shape {}", path.string(),
+                                                             weights, e.name, detail::shape_string(e.tensor)));
+        out.emplace_back(e.name, it->second.to(e.tensor.scalar_type()).contiguous());
+      }
     return out;
   });
 }

@@ -1,5 +1,7 @@
 // The description of a C++ run that its fingerprint is taken from (run.hpp: describe): every
 // setting that can change the bits, written from the values themselves, and nothing else.
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -12,6 +14,7 @@
 #include "baton/run.hpp"
 #include "detail.hpp"
 #include "io.hpp"
+#include "run/internal.hpp"
 #include "train/carry.hpp"
 
 namespace baton {
@@ -214,5 +217,103 @@ std::string describe(const std::vector<TrainingSpec>& stages, const TrainState* 
 }
 
 std::string describe(const std::vector<TrainingSpec>& stages) { return describe(stages, nullptr, nullptr); }
+
+// ---------------------------------------------------------------- tools.toml
+namespace {
+std::string toml_value(const ParamValue& v) {
+  auto number = [](double d) {
+    // Whole numbers as TOML integers: the registry's integer keys (widths, samples) take only those.
+    return d == std::floor(d) && std::abs(d) < 9.0e15 ? fmt::format("{}", static_cast<std::int64_t>(d)) : fmt::format("{}", d);
+  };
+  return std::visit(
+      [&](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, double>) return number(x);
+        else if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::string>) return toml_string(x);
+        else if constexpr (std::is_same_v<T, std::vector<std::string>>) return toml_strings(x);
+        else {
+          std::vector<std::string> items;
+          for (double d : x) items.push_back(number(d));
+          return fmt::format("[{}]", fmt::join(items, ", "));
+        }
+      },
+      v);
+}
+
+std::string keys_text(const Params& params) {
+  std::string out;
+  for (const auto& [k, v] : params) out += fmt::format("{} = {}\n", k, toml_value(v));
+  return out;
+}
+
+/// The model the run ends with: the last stage's that builds a new one, else the initial state's.
+const ModelFactory& final_factory(const std::vector<TrainingSpec>& stages, const TrainState& initial) {
+  for (auto it = stages.rbegin(); it != stages.rend(); ++it)
+    if (it->model.kind != ModelCarry::Kind::keep && it->model.factory) return it->model.factory;
+  return initial.factory;
+}
+
+/// The run's datasets by the names the tools take (a stage's training data by its Dataset::name,
+/// an evaluation set by its set's name), with what cannot be rebuilt said as comments.
+struct ToolData {
+  std::map<std::string, DataOrigin> known;
+  std::vector<std::string> unknown;  // "name" (why)
+  void add(const std::string& name, const Dataset& d) {
+    if (known.count(name)) return;
+    if (d.origin.kind.empty()) {
+      const auto why = fmt::format("\"{}\" ({}: no baton loader made it)", name, d.name);
+      if (std::find(unknown.begin(), unknown.end(), why) == unknown.end()) unknown.push_back(why);
+      return;
+    }
+    known[name] = d.origin;
+  }
+};
+
+std::string data_key(const Dataset& d) { return d.name.empty() ? std::string("train") : d.name; }
+}  // namespace
+
+std::string detail::tools_record(const std::vector<TrainingSpec>& stages, const TrainState& initial, const std::string& run_name,
+                                 const std::filesystem::path& dir) {
+  std::string out =
+      "# The model and datasets of a C++ run (baton::run), as a curriculum's tables: what `baton eval`,\n"
+      "# `baton export` and `baton predict` rebuild them from (docs/run-directory.md). Not the run's\n"
+      "# settings (config.toml has those): its one stage names the last stage's data and evaluation.\n";
+  out += fmt::format("\n[run]\nname = {}\nrun_dir = {}\nseed = {}\nmax_duration = {}\n", toml_string(run_name),
+                     toml_string(dir.string()), initial.seed, toml_string(initial.max_duration.to_string()));
+  const auto* model = final_factory(stages, initial).target<models::Named>();
+  if (model) out += fmt::format("\n[model]\nname = {}\n{}", toml_string(model->name), keys_text(model->params));
+  else out += "\n# [model]: not named (a factory of your own: name it with baton::models::named)\n";
+  ToolData data;
+  for (const auto& s : stages) {
+    data.add(data_key(s.data.train), s.data.train);
+    if (s.evaluation)
+      for (const auto& [name, set] : s.evaluation->spec.sets) data.add(name, set);
+  }
+  for (const auto& [name, o] : data.known) {
+    out += fmt::format("\n[datasets.{}]\nkind = {}\n{}", toml_string(name), toml_string(o.kind), keys_text(o.keys));
+    if (o.holdout_fraction > 0)
+      out += fmt::format("holdout = {{ fraction = {}, seed = {}, part = \"{}\" }}\n", o.holdout_fraction, o.holdout_seed,
+                         o.holdout_val ? "val" : "train");
+  }
+  for (const auto& u : data.unknown) out += fmt::format("# dataset {}: cannot be rebuilt by name\n", u);
+  if (stages.empty() || data.known.empty()) return out;  // no stage can name data: the tools say so
+  const auto& last = stages.back();
+  const auto train = data_key(last.data.train);
+  const bool rebuilt = data.known.count(train) > 0;
+  out += fmt::format("\n[[stages]]\nname = {}\nduration = {}\ndata = {}{}\n", toml_string(last.name),
+                     toml_string(last.duration.to_string()), toml_string(rebuilt ? train : data.known.begin()->first),
+                     rebuilt ? "" : fmt::format("  # the last stage's \"{}\" cannot be rebuilt", train));
+  if (!last.evaluation) return out;
+  std::vector<std::string> sets, metrics;
+  for (const auto& [name, set] : last.evaluation->spec.sets)
+    if (data.known.count(name)) sets.push_back(name);
+  for (const auto& m : last.evaluation->spec.metrics)
+    if (metric::builtin(m.name)) metrics.push_back(m.name);
+  if (!sets.empty())
+    out += fmt::format("eval = {{ sets = {}{} }}\n", toml_strings(sets),
+                       metrics.empty() ? "" : fmt::format(", metrics = {}", toml_strings(metrics)));
+  return out;
+}
 
 }  // namespace baton

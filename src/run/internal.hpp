@@ -57,6 +57,13 @@ Expected<void> check_run_files(const std::filesystem::path& dir);
 /// report, config, TensorBoard files, unfinished temporary files), and nothing else.
 void remove_run_files(const std::filesystem::path& dir);
 
+/// A C++ run's tools.toml: the model (when its factory is `models::Named`) and the datasets that
+/// a baton loader made (their DataOrigin), as a curriculum's [run], [model], [datasets.<name>]
+/// and one stage (the last one's name, data and evaluation), so that `baton eval`, `baton
+/// export` and `baton predict` rebuild them by name. What cannot be rebuilt is said in comments.
+std::string tools_record(const std::vector<TrainingSpec>& stages, const TrainState& initial, const std::string& run_name,
+                         const std::filesystem::path& dir);
+
 /// What the run's observers saw in a stage, for its summary and messages.
 struct StageTrace {
   Metrics last_metrics{};

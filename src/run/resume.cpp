@@ -164,7 +164,8 @@ void remove_unfinished_writes(const fs::path& dir) {
 
 namespace {
 /// The files a run writes at the top of its directory.
-constexpr std::array<const char*, 5> kRunFiles = {"metrics.jsonl", "metrics.csv", "final.baton", "report.html", "config.toml"};
+constexpr std::array<const char*, 6> kRunFiles = {"metrics.jsonl", "metrics.csv", "final.baton", "report.html", "config.toml",
+                                                   "tools.toml"};
 
 std::string_view kind_of(fs::file_type t) {
   switch (t) {

@@ -153,6 +153,7 @@ class Runner {
   Expected<void> open(const TrainState& initial) {
     lead_ = !o_.distributed || o_.distributed->rank() == 0;
     config_ = o_.config.empty() ? describe(stages_, &initial, &undescribed_) : o_.config;
+    if (o_.config.empty()) tools_ = detail::tools_record(stages_, initial, o_.name, o_.dir);
     fingerprint_ = o_.fingerprint.empty() ? detail::sha256_hex(config_) : o_.fingerprint;
     numerics_ = fmt::format("{}; ranks={}", numerics_environment(), o_.distributed ? o_.distributed->world_size() : 1);
     if (!lead_) return {};  // rank 0 writes the directory; the others read its checkpoints
@@ -195,6 +196,9 @@ class Runner {
       for (const char* f : {"metrics.jsonl", "metrics.csv"}) fs::remove(o_.dir / f, ec);
     }
     if (auto ok = detail::write_file_atomic(o_.dir / "config.toml", config_, "config"); !ok) return tl::unexpected(ok.error());
+    // A C++ run's config.toml is its description, not a curriculum: the tools read tools.toml.
+    if (!tools_.empty())
+      if (auto ok = detail::write_file_atomic(o_.dir / "tools.toml", tools_, "tools record"); !ok) return tl::unexpected(ok.error());
     auto metrics = detail::MetricsWriter::open(o_.dir / "metrics.jsonl", o_.dir / "metrics.csv");
     if (!metrics) return tl::unexpected(metrics.error());
     metrics_ = *metrics;
@@ -357,6 +361,7 @@ class Runner {
   std::int64_t resume_index_ = -1;
   std::optional<PausePoint> pause_;
   std::string config_, fingerprint_, numerics_;
+  std::string tools_;  // tools.toml of a C++ run (detail::tools_record); "" for a curriculum's
   std::vector<std::string> undescribed_;  // what describe() could not: refuses a resume
   std::optional<detail::RunLock> lock_;
   std::shared_ptr<Progress> progress_;
