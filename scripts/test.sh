@@ -4,13 +4,20 @@
 # the whole suite built with ASan + UBSan (build-asan; BATON_ASAN_SUITE=0 leaves it out).
 # BATON_SKIP_SANITIZERS=1 skips both. Figures and options: docs/sanitizers.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# Each phase's wall time, printed as it ends (CI has a 90-minute limit: docs/sanitizers.md).
+phase_start=$SECONDS
+phase() { echo "baton: [time] $1: $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
 ensure_packages
+phase "packages"
 build
+phase "build"
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$(nproc 2>/dev/null || echo 2)" "$@")
+phase "test suite"
 
 if [ "${BATON_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "baton: every fuzz target on its kept findings, then for ${BATON_FUZZ_SMOKE_SECONDS:-15} s (build-fuzz)"
   BATON_JOBS="$(nproc 2>/dev/null || echo 2)" bash "$ROOT/scripts/fuzz.sh" "${BATON_FUZZ_SMOKE_SECONDS:-15}"
+  phase "fuzz build and runs"
 
   if [ "${BATON_ASAN_SUITE:-1}" = 1 ]; then
     echo "baton: the test suite under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan)"
@@ -18,6 +25,7 @@ if [ "${BATON_SKIP_SANITIZERS:-0}" != 1 ]; then
     # is LibTorch's (not instrumented), not baton's code.
     BUILD_DIR="$ROOT/build-asan" build -DBATON_SANITIZE=ON -DBATON_BUILD_EXAMPLES=OFF -DBATON_BUILD_BENCHMARKS=OFF \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG"
+    phase "ASan build"
     # No ASan option or suppression is needed (docs/sanitizers.md); leaks are checked.
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
     # Left out (docs/sanitizers.md says why each): the install check (it builds another project
@@ -32,5 +40,6 @@ if [ "${BATON_SKIP_SANITIZERS:-0}" != 1 ]; then
     (cd "$ROOT/build-asan" && ctest --output-on-failure --timeout 900 -LE install \
          -E "SIGINT at 20 random moments|SIGKILL at random moments|SIGKILL in the middle of a checkpoint write|killed \\(kill -9\\) at random moments|killed \\(SIGKILL\\) at random moments|the shipped curriculum's report|keeps resident memory below" \
          -j "$(nproc 2>/dev/null || echo 2)" "$@")
+    phase "ASan suite"
   fi
 fi

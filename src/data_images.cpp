@@ -1,6 +1,7 @@
 // Image folders (images.hpp): the files are listed and their headers checked when opening;
 // batches decode them (stb_image), resize (stb_image_resize) and scale them.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <cctype>
 #include <fstream>
@@ -16,6 +17,29 @@
 #include "data_internal.hpp"
 #include "detail.hpp"
 #include "io.hpp"
+
+namespace baton::detail {
+std::string image_too_large(const std::filesystem::path& file) {
+  // PNG: the 8-byte signature, then the IHDR chunk (length, "IHDR", width and height big-endian).
+  std::array<unsigned char, 26> b{};
+  std::ifstream in(file, std::ios::binary);
+  in.read(reinterpret_cast<char*>(b.data()), b.size());
+  if (in.gcount() != 26 || b[0] != 0x89 || b[1] != 'P' || b[2] != 'N' || b[3] != 'G' || b[12] != 'I' || b[13] != 'H' ||
+      b[14] != 'D' || b[15] != 'R')
+    return "";
+  auto be32 = [&](int at) {
+    return (std::uint32_t{b[at]} << 24) | (std::uint32_t{b[at + 1]} << 16) | (std::uint32_t{b[at + 2]} << 8) | b[at + 3];
+  };
+  const std::uint64_t w = be32(16), h = be32(20);
+  // stb decodes at most 2^30 bytes of pixels (and 2^24 pixels a side); bytes per pixel by colour
+  // type: grey 1, RGB 3, palette 4 (expanded), grey + alpha 2, RGBA 4.
+  const std::uint64_t n = b[25] == 0 ? 1 : b[25] == 2 ? 3 : b[25] == 4 ? 2 : 4;
+  if (w == 0 || h == 0 || (w * h * n <= (std::uint64_t{1} << 30) && w <= (1u << 24) && h <= (1u << 24))) return "";
+  return fmt::format("a {}x{} PNG image: more pixels than stb, baton's image reader, decodes (2^30 bytes); make it "
+                     "smaller first",
+                     w, h);
+}
+}  // namespace baton::detail
 
 namespace baton::data {
 namespace {
@@ -211,6 +235,8 @@ Expected<ImageFolder> image_folder(const ImageFolderOptions& o) {
         out.skipped.push_back(it.file);
         continue;
       }
+      if (auto big = detail::image_too_large(it.file); !big.empty())
+        return fail(ErrorCode::data, fmt::format("{}: {}, or remove it (or set skip_corrupt)", it.file.string(), big));
       return fail(ErrorCode::data, fmt::format("{}: not an image stb can read ({}); fix or remove it, or set skip_corrupt",
                                                it.file.string(), stbi_failure_reason()));
     }

@@ -56,4 +56,9 @@ Expected<std::vector<std::string>> csv_header(const std::filesystem::path& path)
 /// Errors name the file, the line and the column.
 Expected<torch::Tensor> csv_columns(const std::filesystem::path& path, const std::vector<std::string>& columns);
 
+/// Why stb cannot read an image file whose header baton can read itself: a PNG whose IHDR gives
+/// more pixels than stb decodes ("a 65535x65535 PNG image: more pixels than ..."); "" otherwise
+/// (the caller says what it knows).
+std::string image_too_large(const std::filesystem::path& file);
+
 }  // namespace baton::detail

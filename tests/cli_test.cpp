@@ -544,6 +544,29 @@ eval = { weights = "ema" }
   fs::remove_all(dir);
 }
 
+TEST_CASE("a TOML run resumed with bit-neutral data settings changed (workers, prefetch) goes on to the same bits",
+          "[cli][fingerprint]") {
+  const auto dir = cli_dir("neutral");
+  std::ofstream(dir / "c.toml") << kSynthetic << "[[stages]]\nname = \"a\"\nduration = \"2ep\"\n";
+  const std::string file = (dir / "c.toml").string();
+  const auto whole = run("run " + file + " --run-dir " + (dir / "whole").string());
+  REQUIRE(whole.rc == 0);
+  const std::string pieces = " --run-dir " + (dir / "pieces").string();
+  REQUIRE(run("run " + file + pieces + " --until 9ba").rc == 0);
+  const auto resumed = run("run " + file + pieces + " --set defaults.workers=2 --set defaults.prefetch=4");
+  INFO(resumed.out);
+  REQUIRE(resumed.rc == 0);
+  CHECK_THAT(resumed.out, !Catch::Contains("changed"));
+  CHECK(sha_of(dir / "pieces/final.baton") == sha_of(dir / "whole/final.baton"));
+  // A setting that changes the bits is still refused, naming it.
+  const auto lr = run("run " + file + " --run-dir " + (dir / "lr").string() + " --until 9ba");
+  REQUIRE(lr.rc == 0);
+  const auto changed = run("run " + file + " --run-dir " + (dir / "lr").string() + " --set defaults.optimizer.lr=0.02");
+  CHECK(changed.rc == 2);
+  CHECK_THAT(changed.out, Catch::Contains("lr"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("baton run --for / --until: stop cleanly, look, go on -- the pieces equal one run", "[cli][pause]") {
   const auto dir = cli_dir("pause");
   std::ofstream(dir / "c.toml") << kSynthetic

@@ -25,7 +25,7 @@ struct CxxToolsData {
 };
 
 CxxToolsData cxxtools_data() {
-  auto all = test::ok(baton::data::synthetic({.samples = 400, .features = 8, .classes = 4, .seed = 3}));
+  auto all = test::ok(baton::data::synthetic({.samples = 400, .features = 8, .classes = 4, .seed = 3, .sample_seed = {}}));
   auto range = test::ok(baton::data::slice(all, 0, 300));
   auto parts = test::ok(baton::data::hold_out(range, {.fraction = 0.2, .seed = 1}));
   auto test_set = test::ok(baton::data::synthetic({.samples = 200, .features = 8, .classes = 4, .seed = 3, .sample_seed = 99}));

@@ -147,6 +147,22 @@ TEST_CASE("a corrupt image is a clear error, or skipped and counted when asked",
   REQUIRE_FALSE(r.has_value());
   INFO(r.error().message);
   REQUIRE(r.error().message.find("broken.png: not an image stb can read") != std::string::npos);
+  {
+    // A PNG whose header declares 65535x65535: stb refuses it ("unknown image type"); baton reads
+    // the header itself and says what the file is.
+    const auto good = *fs::directory_iterator(dir.path / "root" / "c1");
+    std::ifstream png(good.path(), std::ios::binary);
+    std::string head = std::string(std::istreambuf_iterator<char>(png), {}).substr(0, 33);
+    for (const int at : {16, 20}) head.replace(static_cast<std::size_t>(at), 4, std::string("\x00\x00\xff\xff", 4));
+    std::ofstream(dir.path / "root" / "c1" / "huge.png", std::ios::binary) << head;
+    fs::remove(dir.path / "root" / "c3" / "broken.png");
+    auto huge = baton::data::image_folder(fashion_like(dir.path / "root"));
+    REQUIRE_FALSE(huge.has_value());
+    INFO(huge.error().message);
+    CHECK(huge.error().message.find("huge.png: a 65535x65535 PNG image: more pixels than stb") != std::string::npos);
+    CHECK(huge.error().message.find("unknown image type") == std::string::npos);
+    fs::rename(dir.path / "root" / "c1" / "huge.png", dir.path / "root" / "c3" / "broken.png");
+  }
   auto o = fashion_like(dir.path / "root");
   o.skip_corrupt = true;
   auto skipped = baton::data::image_folder(o);

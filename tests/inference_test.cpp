@@ -222,12 +222,26 @@ TEST_CASE("baton predict classifies image files and directories as the IDX rows 
     std::string huge = bytes.substr(0, 33);
     for (const int at : {16, 20}) huge.replace(static_cast<std::size_t>(at), 4, std::string("\x00\x00\x4e\x20", 4));
     std::ofstream(odd / "huge.png", std::ios::binary) << huge;
+    // The largest size a PNG header can hold in 16 bits per side (stb's limit is far above it).
+    std::string most = bytes.substr(0, 33);
+    for (const int at : {16, 20}) most.replace(static_cast<std::size_t>(at), 4, std::string("\x00\x00\xff\xff", 4));
+    std::ofstream(odd / "max.png", std::ios::binary) << most;
+    // A folder of good images with one huge one in the middle: the error names that file.
+    const auto mixed = t.dir / "mixed";
+    fs::create_directories(mixed);
+    for (const char* name : {"a.png", "c.png"}) fs::copy_file(dir / "img0.png", mixed / name, fs::copy_options::overwrite_existing);
+    std::ofstream(mixed / "b.png", std::ios::binary) << huge;
   }
+  r = baton_cli(fmt::format("predict {} {}", t.artifact.string(), (t.dir / "mixed").string()));
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK_THAT(r.out, Catch::Contains("b.png: a 20000x20000 image") && !Catch::Contains("a.png") && !Catch::Contains("c.png"));
   for (const auto& [file, says] : std::vector<std::pair<std::string, std::string>>{
            {"empty.png", "empty.png: not an image: its first bytes are no PNG"},
            {"text.png", "text.png: not an image: its first bytes are no PNG"},
            {"cut.png", "cut.png: a 28x28 PNG image whose pixels cannot be decoded"},
-           {"huge.png", "huge.png: a 20000x20000 image; the model takes 28x28"}}) {
+           {"huge.png", "huge.png: a 20000x20000 image; the model takes 28x28"},
+           {"max.png", "max.png: a 65535x65535 PNG image: more pixels than stb"}}) {
     r = baton_cli(fmt::format("predict {} {}", t.artifact.string(), (odd / file).string()));
     INFO(r.out);
     CHECK(r.rc == 2);

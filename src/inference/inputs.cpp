@@ -69,9 +69,12 @@ Expected<torch::Tensor> read_image(const fs::path& path, const ModelCard& card) 
   // tried last ("no SOI" of a damaged PNG), so the message names the format the file announces.
   const auto format = image_signature(path);
   int w = 0, h = 0, n = 0;
-  if (!stbi_info(path.c_str(), &w, &h, &n))
+  if (!stbi_info(path.c_str(), &w, &h, &n)) {
+    if (auto big = detail::image_too_large(path); !big.empty())
+      return fail(ErrorCode::shape_mismatch, fmt::format("{}: {}; the model takes {}", path.string(), big, size_text(card.input_shape)));
     return fail(ErrorCode::data, fmt::format("{}: the header of this {} file cannot be read (damaged, cut, or beyond what "
                                              "stb reads)", path.string(), format.empty() ? "image" : format));
+  }
   if (h != card.input_shape[1] || w != card.input_shape[2])
     return fail(ErrorCode::shape_mismatch, fmt::format("{}: a {}x{} image; the model takes {} (baton does not resize: "
                                                        "resize it first)", path.string(), w, h, size_text(card.input_shape)));
