@@ -374,7 +374,7 @@ holdout = 0.1
   }
 }
 
-TEST_CASE("TOML takes a part of an epoch for stage durations, intervals and schedules; the max duration stays whole",
+TEST_CASE("TOML takes a part of an epoch for stage durations, intervals and schedules, and the max duration stays whole",
           "[hparams][time][fraction]") {
   const auto cur = parse(kTwoStages, {"stage.warmup.duration=0.5ep", "stage.warmup.schedule.over=0.25ep",
                                       "stage.main.eval={ sets = [\"train\"], interval = \"0.75ep\" }",
