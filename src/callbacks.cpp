@@ -1,6 +1,5 @@
 // Built-in callbacks and loggers (include/baton/callbacks.hpp).
 #include "baton/callbacks.hpp"
-#include "run/metrics.hpp"
 
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -24,7 +23,9 @@
 #include "baton/fit.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
+#include "horizon.hpp"
 #include "io.hpp"
+#include "metrics_log.hpp"
 
 namespace baton {
 

@@ -12,7 +12,7 @@
 #include "baton/model.hpp"
 #include "baton/state.hpp"
 #include "detail.hpp"
-#include "train/horizon.hpp"
+#include "horizon.hpp"
 
 namespace baton {
 namespace detail {

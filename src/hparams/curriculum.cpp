@@ -14,7 +14,7 @@
 #include "detail.hpp"
 #include "io.hpp"
 #include "train/carry.hpp"
-#include "train/horizon.hpp"
+#include "horizon.hpp"
 #include "suggest.hpp"
 #include "internal.hpp"
 

@@ -9,7 +9,7 @@
 #include "detail.hpp"
 #include "inference/internal.hpp"
 #include "interop/internal.hpp"
-#include "train/carry.hpp"
+#include "weights.hpp"
 
 namespace baton {
 

@@ -17,7 +17,6 @@
 #include "inference/internal.hpp"
 #include "interop/internal.hpp"
 #include "io.hpp"
-#include "train/carry.hpp"
 #include "weights.hpp"
 
 namespace baton {

@@ -18,10 +18,10 @@
 #include "detail.hpp"
 #include "io.hpp"
 #include "run/internal.hpp"
-#include "run/metrics.hpp"
+#include "metrics_log.hpp"
 #include "run/run_lock.hpp"
 #include "train/carry.hpp"
-#include "train/horizon.hpp"
+#include "horizon.hpp"
 #include "train/signals.hpp"
 
 namespace baton {

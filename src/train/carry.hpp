@@ -1,6 +1,7 @@
 #pragma once
 // What a stage carries over when it begins (weights, optimizer moments, clock), and the binding
-// of the optimizer state to the parameters a fit trains.
+// of the optimizer state to the parameters a fit trains. Building models and copying weights by
+// name are below the loop, in weights.hpp.
 
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
+#include "weights.hpp"
 
 namespace baton::detail {
 
@@ -22,16 +24,6 @@ struct StagePosition {
   Timestamp stage_start;
 };
 StagePosition stage_position(const TrainingSpec& spec, const TrainState& s);
-
-/// Builds a model with `factory`, seeded from the run's seed and the stage name, leaving the
-/// caller's global generator intact; raises if the factory returns no module or no forward.
-Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_view stage);
-
-/// Copies every parameter and buffer of `from` whose name and shape match one of `to` (unless
-/// its name matches a `fresh` pattern), and says what was copied, skipped and left as
-/// initialized; `copied_params` gets the names of the parameters copied.
-TransferReport transfer_weights(const torch::nn::Module& from, torch::nn::Module& to, const std::vector<std::string>& fresh,
-                                std::vector<std::string>* copied_params = nullptr);
 
 /// Applies the stage-start carry-over policies when `spec` begins a new stage (a no-op when it
 /// continues one). Returns the transfer report when the weights were transferred.

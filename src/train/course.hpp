@@ -11,7 +11,7 @@
 #include "baton/schedule.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
-#include "train/horizon.hpp"
+#include "horizon.hpp"
 
 namespace baton::detail {
 

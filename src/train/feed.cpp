@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include "detail.hpp"
-#include "train/horizon.hpp"
+#include "horizon.hpp"
 
 extern "C" void omp_set_num_threads(int);  // libgomp, LibTorch's OpenMP runtime
 

@@ -41,7 +41,7 @@
 #include "train/course.hpp"
 #include "train/data_parallel.hpp"
 #include "train/feed.hpp"
-#include "train/horizon.hpp"
+#include "horizon.hpp"
 #include "train/observers.hpp"
 #include "train/precision.hpp"
 #include "train/step.hpp"

@@ -9,7 +9,7 @@
 #include "train/carry.hpp"
 #include "train/course.hpp"
 #include "train/data_parallel.hpp"
-#include "train/horizon.hpp"
+#include "horizon.hpp"
 #include "train/observers.hpp"
 #include "train/step.hpp"
 

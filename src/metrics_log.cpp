@@ -1,5 +1,5 @@
 // The one metrics schema (metrics.hpp).
-#include "run/metrics.hpp"
+#include "metrics_log.hpp"
 
 #include <cmath>
 #include <functional>

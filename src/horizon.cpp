@@ -1,5 +1,5 @@
 // The one rule for time units (horizon.hpp).
-#include "train/horizon.hpp"
+#include "horizon.hpp"
 
 #include <algorithm>
 #include <cmath>
