@@ -72,11 +72,24 @@ std::string_view to_string(Event e) {
 
 std::ostream& operator<<(std::ostream& out, Event e) { return out << to_string(e); }
 
+bool EventView::due(Time every) const {
+  if (!span || !every.check() || !(every.value > 0)) return false;
+  const auto done = [&](const Timestamp& t) {
+    return detail::intervals_done(every, t, state.stage_start, span->epoch_size, state.max_duration);
+  };
+  return done(span->after) > done(span->before);
+}
+
 namespace callbacks {
 namespace {
 
-bool due(const EventView& v, std::int64_t every) {
-  return every <= 1 || v.state.time.batch % every == 0;
+bool monitor_due(const EventView& v, const Every& every) { return v.due(every.time); }
+
+/// A monitor with what is wrong with its `every`, if anything (TrainingSpec::validate reports it).
+Callback monitor_checked(Callback cb, const Every& every) {
+  if (auto ok = every.time.check(); !ok) cb.invalid = fmt::format("every: {}", ok.error().message);
+  else if (!(every.time.value > 0)) cb.invalid = fmt::format("every: must be more than zero, got \"{}\"", every.time.to_string());
+  return cb;
 }
 
 /// metrics["test"]["accuracy"] for "test/accuracy".
@@ -90,20 +103,20 @@ std::string known_metrics(const std::map<std::string, std::map<std::string, doub
 }  // namespace
 
 Callback train_monitor(MonitorOptions o) {
-  return {"train_monitor", [o](const EventView& v) -> std::optional<std::string> {
-            if (v.event != Event::batch_end || !due(v, o.every)) return std::nullopt;
+  return monitor_checked({"train_monitor", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::batch_end || !monitor_due(v, o.every)) return std::nullopt;
             v.log->add("train/loss", v.step->loss);
             v.log->add("train/lr", v.step->lr);
             if (v.step->skipped) v.log->add("train/skipped", 1);
             return std::nullopt;
-          }, /*observer=*/true};
+          }, /*observer=*/true}, o.every);
 }
 
 Callback lr_monitor(MonitorOptions o) {
-  return {"lr_monitor", [o](const EventView& v) -> std::optional<std::string> {
-            if (v.event == Event::batch_end && due(v, o.every)) v.log->add("train/lr", v.step->lr);
+  return monitor_checked({"lr_monitor", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event == Event::batch_end && monitor_due(v, o.every)) v.log->add("train/lr", v.step->lr);
             return std::nullopt;
-          }, /*observer=*/true};
+          }, /*observer=*/true}, o.every);
 }
 
 Callback throughput(MonitorOptions o) {
@@ -112,54 +125,54 @@ Callback throughput(MonitorOptions o) {
     std::int64_t sample = -1;
   };
   auto since = std::make_shared<Since>();
-  return {"throughput", [o, since](const EventView& v) -> std::optional<std::string> {
+  return monitor_checked({"throughput", [o, since](const EventView& v) -> std::optional<std::string> {
             const auto now = std::chrono::steady_clock::now();
             if (v.event == Event::fit_start || since->sample < 0) {
               since->at = now, since->sample = v.state.time.sample;
               return std::nullopt;
             }
-            if (v.event != Event::batch_end || !due(v, o.every)) return std::nullopt;
+            if (v.event != Event::batch_end || !monitor_due(v, o.every)) return std::nullopt;
             const double secs = std::chrono::duration<double>(now - since->at).count();
             if (secs > 0) v.log->add("train/samples_per_s", static_cast<double>(v.state.time.sample - since->sample) / secs);
             since->at = now, since->sample = v.state.time.sample;
             return std::nullopt;
-          }, /*observer=*/true};
+          }, /*observer=*/true}, o.every);
 }
 
 Callback memory_monitor(MonitorOptions o) {
-  return {"memory_monitor", [o](const EventView& v) -> std::optional<std::string> {
-            if (v.event != Event::batch_end || !due(v, o.every)) return std::nullopt;
+  return monitor_checked({"memory_monitor", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::batch_end || !monitor_due(v, o.every)) return std::nullopt;
             rusage ru{};
             if (getrusage(RUSAGE_SELF, &ru) == 0) v.log->add("system/peak_rss_mb", static_cast<double>(ru.ru_maxrss) / 1024.0);
             return std::nullopt;
-          }, /*observer=*/true};
+          }, /*observer=*/true}, o.every);
 }
 
 Callback grad_norm_monitor(MonitorOptions o) {
   auto norm = std::make_shared<double>(0.0);
-  return {"grad_norm_monitor", [o, norm](const EventView& v) -> std::optional<std::string> {
-            if (v.event == Event::after_backward && due(v, o.every)) {
+  return monitor_checked({"grad_norm_monitor", [o, norm](const EventView& v) -> std::optional<std::string> {
+            if (v.event == Event::after_backward && monitor_due(v, o.every)) {
               torch::NoGradGuard no_grad;
               double sq = 0;
               for (const auto& p : v.state.model.module->parameters())
                 if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
               *norm = std::sqrt(sq);
-            } else if (v.event == Event::batch_end && due(v, o.every)) {
-              // batch_end comes after the step: the time has moved on by one batch.
+            } else if (v.event == Event::batch_end && monitor_due(v, o.every)) {
+              // The norm of this batch's gradients: a batch is due at all of its events.
               v.log->add("train/grad_norm", *norm);
             }
             return std::nullopt;
-          }, /*observer=*/true};
+          }, /*observer=*/true}, o.every);
 }
 
 Callback nan_monitor(MonitorOptions o) {
-  return {"nan_monitor", [o](const EventView& v) -> std::optional<std::string> {
-            if (v.event != Event::batch_end || !due(v, o.every)) return std::nullopt;
+  return monitor_checked({"nan_monitor", [o](const EventView& v) -> std::optional<std::string> {
+            if (v.event != Event::batch_end || !monitor_due(v, o.every)) return std::nullopt;
             for (const auto& [name, p] : v.state.named_parameters())
               if (!torch::isfinite(p).all().item<bool>())
                 return fmt::format("parameter \"{}\" holds NaN or infinity after batch {}", name, v.state.time.batch);
             return std::nullopt;
-          }, false, fmt::format("nan_monitor(every={})", o.every)};
+          }, false, fmt::format("nan_monitor(every={})", o.every.time.to_string())}, o.every);
 }
 
 Callback early_stopping(EarlyStoppingOptions o) {
@@ -300,7 +313,7 @@ class TensorBoardLogger final : public Logger {
 
 }  // namespace
 
-// One schema for both files and for run directories: run/metrics.hpp.
+// One schema for both files and for run directories: metrics_log.hpp.
 Expected<std::shared_ptr<Logger>> jsonl(const fs::path& path) {
   return detail::MetricsWriter::open(path, std::nullopt).map([](auto w) { return std::shared_ptr<Logger>(std::move(w)); });
 }

@@ -32,10 +32,23 @@ Expected<Callback> from_name(const std::string& name, const Params& params) {
     r.problem(fmt::format("callbacks.{}.{}: expected a text", name, key));
     return fallback;
   };
-  auto every = [&] {
+  // A whole number of batches, or a time ("0.5ep", "1000sp", "0.1dur") more than zero.
+  auto every = [&]() -> MonitorOptions {
+    auto it = params.find("every");
+    if (it != params.end())
+      if (const auto* s = std::get_if<std::string>(&it->second)) {
+        r.seen("every");
+        auto t = Time::parse(*s);
+        if (t && t->value > 0) return {*t};
+        r.problem(fmt::format("callbacks.{}.every: {}", name, t ? fmt::format("must be more than zero, got \"{}\"", *s) : t.error().message));
+        return {};
+      }
     const double v = r.number("every", 1);
-    if (v < 1 || v != std::floor(v)) r.problem(fmt::format("callbacks.{}.every: expected a whole number >= 1, got {}", name, v));
-    return MonitorOptions{v >= 1 && v <= 9.0e15 ? static_cast<std::int64_t>(v) : 1};
+    if (!(v >= 1 && v <= 9.0e15) || v != std::floor(v)) {
+      r.problem(fmt::format("callbacks.{}.every: expected a whole number of batches >= 1 or a time such as \"0.5ep\", got {}", name, v));
+      return {};
+    }
+    return {static_cast<std::int64_t>(v)};
   };
   std::optional<Callback> out;
   if (name == "train_monitor") out = train_monitor(every());

@@ -449,8 +449,11 @@ Expected<void> TrainingSpec::validate() const {
         problems.push_back(fmt::format("algorithms[{}]: \"{}\" is listed twice (its memory is kept by name)", i, algorithms[i].name));
   }
   for (std::size_t i = 0; i < callbacks.size(); ++i)
+  {
     if (callbacks[i].name.empty() || !callbacks[i].on_event)
       problems.push_back(fmt::format("callbacks[{}]: needs a name and an on_event function", i));
+    if (!callbacks[i].invalid.empty()) problems.push_back(fmt::format("callbacks[{}] ({}): {}", i, callbacks[i].name, callbacks[i].invalid));
+  }
   for (std::size_t i = 0; i < loggers.size(); ++i)
     if (!loggers[i]) problems.push_back(fmt::format("loggers[{}]: is null", i));
   auto positive = [&](const std::optional<Time>& t, const char* field) {

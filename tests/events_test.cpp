@@ -755,7 +755,7 @@ features = 8
 classes = 4
 [defaults]
 algorithms = { ema = { decay = 0.9 }, label_smoothing = { smoothing = 0.1 }, mixup = { alpha = 0.3 } }
-callbacks = { early_stopping = { metric = "train/accuracy", mode = "max", patience = 2 } }
+callbacks = { early_stopping = { metric = "train/accuracy", mode = "max", patience = 2 }, train_monitor = { every = "0.5ep" }, nan_monitor = { every = 4 } }
 eval = { sets = ["train"], interval = "2ba" }
 [[stages]]
 name = "one"
@@ -780,7 +780,9 @@ algorithms = {}
   const auto one = cur->stages()[0].build();
   REQUIRE(one);
   REQUIRE(names(*one) == std::vector<std::string>{"mixup", "label_smoothing", "ema"});  // the default order
-  REQUIRE(one->callbacks.size() == 1);
+  REQUIRE(one->callbacks.size() == 3);
+  for (const auto& c : one->callbacks)
+    if (c.name == "nan_monitor") CHECK(c.identity == "nan_monitor(every=4ba)");
   REQUIRE(one->evaluation.has_value());
   REQUIRE(one->evaluation->every->to_string() == "2ba");
   const auto two = cur->stages()[1].build();
@@ -807,6 +809,11 @@ algorithms = {}
   bad("patience = 2", "patience = 0", "patience: expected a whole number >= 1");
   bad("early_stopping = {", "early_stop = {", "unknown callback \"early_stop\"");
   bad("mode = \"max\"", "mode = \"up\"", "mode: expected \"max\" or \"min\"");
+  bad("every = \"0.5ep\"", "every = \"0ep\"", "callbacks.train_monitor.every: must be more than zero, got \"0ep\"");
+  bad("every = \"0.5ep\"", "every = \"1.5ba\"", "callbacks.train_monitor.every: ");
+  bad("every = \"0.5ep\"", "every = \"1.5ba\"", "1.5ba");
+  bad("every = \"0.5ep\"", "every = 0", "callbacks.train_monitor.every: expected a whole number of batches >= 1 or a time such as \"0.5ep\", got 0");
+  bad("every = 4", "every = 2.5", "callbacks.nan_monitor.every: expected a whole number of batches >= 1 or a time such as \"0.5ep\", got 2.5");
 }
 
 TEST_CASE("a resumed run's TensorBoard file begins with the restart marker at the step after its checkpoint",

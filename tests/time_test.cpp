@@ -111,3 +111,80 @@ TEST_CASE("a part of an epoch as an interval, a budget and a stage's duration: o
   REQUIRE(planned);
   CHECK(planned->batch == 3);
 }
+
+namespace {
+/// Records the run batch of every scalar a logger gets, by key.
+struct TimeTestKeyBatches final : baton::Logger {
+  std::map<std::string, std::vector<std::int64_t>> batches;
+  std::map<std::string, std::vector<double>> values;
+  void log(const std::string&, const baton::Timestamp& t, const std::map<std::string, double>& scalars) override {
+    for (const auto& [k, v] : scalars) batches[k].push_back(t.batch), values[k].push_back(v);
+  }
+};
+}  // namespace
+
+TEST_CASE("a monitor's every is an interval like evaluation's: parts of an epoch, from the stage's start, in any split",
+          "[time][fraction][callbacks]") {
+  namespace cb = baton::callbacks;
+  const auto data = test::blobs(300);  // batches of 32: 10 an epoch, the last one of 12 samples
+  auto seen = std::make_shared<std::vector<std::pair<std::string, std::int64_t>>>();
+  auto logged = std::make_shared<TimeTestKeyBatches>();
+  const auto half = Time{0.5, TimeUnit::epoch};
+  const auto first = test::spec(data, Time::epochs(2))
+                         .with_callbacks({time_test_event_batches(seen), cb::lr_monitor({.every = half})})
+                         .with_loggers({logged})
+                         .with_evaluation(baton::EvalSchedule{.spec = {.sets = {{"blobs", data.head(64)}}}, .every = half});
+  auto second = first.with_callbacks({cb::lr_monitor({.every = 7})}).with_loggers({logged});
+  second.name = "second";
+  second.duration = Time::batches(16);
+  second.evaluation.reset();
+
+  // Whole: each 150 samples of data position is due at the batch end at or past it, the batches
+  // evaluation uses; the second stage (from batch 20) counts 7 batches from its own start.
+  auto s = test::ok(baton::fit(first, test::new_state(1, Time::epochs(4))));
+  s = test::ok(baton::fit(second, std::move(s)));
+  std::vector<std::int64_t> evals;
+  for (const auto& [what, batch] : *seen) if (what == "eval") evals.push_back(batch);
+  CHECK(evals == std::vector<std::int64_t>{5, 10, 15, 20});
+  const auto whole = logged->batches["train/lr"];
+  CHECK(whole == std::vector<std::int64_t>{5, 10, 15, 20, 27, 34});
+
+  // In pieces of 3 batches: the same batches are due.
+  logged->batches.clear();
+  auto p = test::new_state(1, Time::epochs(4));
+  for (int i = 0; i < 20 && !(p.history.size() == 1 && p.time.batch == 20); ++i)
+    p = test::ok(baton::fit(first, std::move(p), Time::batches(3)));
+  for (int i = 0; i < 20 && p.time.batch < 36; ++i) p = test::ok(baton::fit(second, std::move(p), Time::batches(3)));
+  CHECK(p.time.batch == 36);
+  CHECK(logged->batches["train/lr"] == whole);
+}
+
+TEST_CASE("the grad norm monitor logs the norm of the batch it logs at", "[callbacks]") {
+  namespace cb = baton::callbacks;
+  const auto data = test::blobs(300);
+  auto run = [&](std::int64_t every) {
+    auto logged = std::make_shared<TimeTestKeyBatches>();
+    test::ok(baton::fit(test::spec(data, Time::batches(9)).with_callbacks({cb::grad_norm_monitor({.every = every})}).with_loggers({logged}),
+                        test::new_state()));
+    return std::pair{logged->batches["train/grad_norm"], logged->values["train/grad_norm"]};
+  };
+  const auto [each_batches, each] = run(1);
+  const auto [third_batches, third] = run(3);
+  REQUIRE(each_batches == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  REQUIRE(third_batches == std::vector<std::int64_t>{3, 6, 9});
+  CHECK(third == std::vector<double>{each[2], each[5], each[8]});
+}
+
+TEST_CASE("a monitor's every that is not more than zero, or not a count, fails the fit before it trains", "[callbacks]") {
+  namespace cb = baton::callbacks;
+  const auto data = test::blobs(64);
+  for (const auto& [every, says] : std::vector<std::pair<cb::Every, std::string>>{
+           {cb::Every{0}, "every: must be more than zero, got \"0ba\""},
+           {cb::Every{Time{1.5, TimeUnit::batch}}, "1.5ba"},
+           {cb::Every{Time{-0.5, TimeUnit::epoch}}, "-0.5ep"}}) {
+    INFO(says);
+    const auto r = baton::fit(test::spec(data, Time::batches(2)).with_callbacks({cb::throughput({.every = every})}), test::new_state());
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error().message, Catch::Contains("callbacks[0] (throughput): every: ") && Catch::Contains(says));
+  }
+}

@@ -26,9 +26,19 @@
 
 namespace baton::callbacks {
 
-/// How often a monitor logs: every `every` batches (counted on the run's batch counter).
+/// An interval: a whole number of batches (`.every = 50`) or any Time ("0.5ep"_t, "1000sp"_t,
+/// "0.1dur"_t). It must be more than zero.
+struct Every {
+  Time time = Time::batches(1);
+  constexpr Every() = default;
+  constexpr Every(std::int64_t batches) : time(Time::batches(batches)) {}  // NOLINT: `.every = 50` reads as batches
+  constexpr Every(Time t) : time(t) {}                                        // NOLINT
+};
+/// How often a monitor logs: at the batches that reach a multiple of `every`, counted from the
+/// stage's start as evaluation intervals are (EventView::due). A bad `every` ("0ba", "1.5ba") is
+/// reported by TrainingSpec::validate.
 struct MonitorOptions {
-  std::int64_t every = 1;
+  Every every{};
 };
 /// "train/loss" and "train/lr" of the step (and "train/skipped" when a batch was skipped).
 Callback train_monitor(MonitorOptions o = {});
@@ -73,9 +83,9 @@ Callback threshold_stop(ThresholdOptions o);
 
 /// The callback named `name` with options from `params` (the TOML keys of docs/config.md), as a
 /// stage's `callbacks = { early_stopping = { patience = 2 } }` names it: `every` for the
-/// monitors; `metric`, `mode` ("min" | "max"), `patience`, `min_delta` for early_stopping;
-/// `metric`, `mode`, `threshold` (required) for threshold_stop. Unknown names or keys are errors
-/// listing the known ones.
+/// monitors (a whole number of batches, or a time such as "0.5ep"); `metric`, `mode` ("min" |
+/// "max"), `patience`, `min_delta` for early_stopping; `metric`, `mode`, `threshold` (required)
+/// for threshold_stop. Unknown names or keys are errors listing the known ones.
 Expected<Callback> from_name(const std::string& name, const Params& params);
 
 }  // namespace baton::callbacks

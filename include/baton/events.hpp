@@ -10,7 +10,7 @@
 ///   scalars to the spec's loggers, keep a few numbers of its own (`EventView::memory`, saved with
 ///   the state), and ask the fit to stop (early stopping). It never changes training.
 ///
-/// The loop and where each event fires is the pseudocode comment in src/fit.cpp. When several
+/// The loop and where each event fires is the pseudocode comment in src/train/loop.cpp. When several
 /// algorithms act at one event they run in the order of `TrainingSpec::algorithms` (a TOML
 /// curriculum uses the documented default order, or `algorithms.order`).
 #include <cstdint>
@@ -58,15 +58,15 @@ std::ostream& operator<<(std::ostream& out, Event e);
 struct AlgorithmContext {
   const TrainingSpec& spec;
   const Timestamp& time;        ///< time of the step in progress (before it is counted)
-  double stage_progress;        ///< fraction of the stage done when the step began, in [0, 1]
-  std::int64_t num_classes;     ///< classes of the training data (max label + 1); 0 if not class labels
+  double stage_progress{};      ///< fraction of the stage done when the step began, in [0, 1]
+  std::int64_t num_classes{};   ///< classes of the training data (max label + 1); 0 if not class labels
 };
 
 /// A training algorithm: pure functions at event points. Unset members do nothing (and cost
 /// nothing). `state` is the algorithm's own memory in `TrainState::algorithm_state[name]`.
 struct Algorithm {
   using Tensors = std::map<std::string, torch::Tensor>;
-  std::string name;
+  std::string name{};
   std::string invalid{};  ///< set by a factory given bad options; TrainingSpec::validate reports it
   /// What it does, with every option that can change the bits, e.g. `mixup(alpha=0.2)`: a run
   /// directory's fingerprint (run.hpp) holds it, so a resume with other options is refused. The
@@ -90,7 +90,7 @@ struct Algorithm {
 
 /// Scalars a callback writes; the fit sends them to every logger of the spec.
 struct Scalars {
-  std::map<std::string, double> values;
+  std::map<std::string, double> values{};
   void add(const std::string& key, double value) { values[key] = value; }
 };
 
@@ -103,9 +103,16 @@ struct StepInfo {
   bool skipped = false;         ///< the step was not applied (non-finite policy "skip")
 };
 
+/// The batch in progress on the run's clock, as `EventView::due` counts it.
+struct BatchSpan {
+  Timestamp before{};           ///< the clock when the batch began
+  Timestamp after{};            ///< the clock once it is counted (the epoch rolled over if its order is used up)
+  std::int64_t epoch_size = 0;  ///< training samples in the stage's epoch (what `ep` counts)
+};
+
 /// The read-only view a callback gets.
 struct EventView {
-  Event event;
+  Event event{};
   const TrainingSpec& spec;
   const TrainState& state;
   const StepInfo* step = nullptr;  ///< batch_end only
@@ -113,13 +120,20 @@ struct EventView {
   const std::string* path = nullptr;  ///< checkpoint only
   Scalars* log = nullptr;             ///< write scalars here (to the loggers)
   std::map<std::string, double>* memory = nullptr;  ///< the callback's own numbers, saved with the state
+  const BatchSpan* span = nullptr;  ///< the events of one batch, epoch_start/batch_start to batch_end; else null
+
+  /// True at the events of a batch that reaches a multiple of `every` ("50ba", "0.5ep", "1000sp",
+  /// "0.1dur") counted from the stage's start: the rule of evaluation and checkpoint intervals, so
+  /// whatever splits the stage into fits or resumes it, the same batches are due. False at the
+  /// events outside a batch, and for an `every` that is not more than zero (Time::check).
+  [[nodiscard]] bool due(Time every) const;
 };
 
 /// An observer. Returns a reason to end the fit (with the state reached, not an error), or
 /// nothing to go on.
 struct Callback {
-  std::string name;
-  std::function<std::optional<std::string>(const EventView&)> on_event;
+  std::string name{};
+  std::function<std::optional<std::string>(const EventView&)> on_event{};
   /// True for a callback that only watches: it never returns a stop reason, so it cannot change
   /// the bits and a run directory's fingerprint leaves it out (monitors, progress). One that says
   /// so and returns a reason anyway fails the fit (ErrorCode::invalid_spec).
@@ -129,6 +143,9 @@ struct Callback {
   /// directory's fingerprint (as `Algorithm::identity`). Empty: baton cannot describe it, and
   /// `baton::run` refuses to resume until it is named or `RunOptions::accept_undescribed` is set.
   std::string identity{};
+  /// Set by a factory given bad options (a monitor's `every` of "0ba"); TrainingSpec::validate
+  /// reports it, so the fit fails before its first batch.
+  std::string invalid{};
 };
 
 /// A sink for scalars: the loop sends every callback's scalars (and eval metrics) here.

@@ -24,6 +24,7 @@ struct Hooks {
   bool any_before_loss = std::any_of(spec.algorithms.begin(), spec.algorithms.end(), [](const Algorithm& a) { return bool(a.before_loss); });
   bool any_after_backward = std::any_of(spec.algorithms.begin(), spec.algorithms.end(), [](const Algorithm& a) { return bool(a.after_backward); });
   std::optional<std::string> stop_reason{};  // the first callback's request to stop
+  const BatchSpan* span = nullptr;           // the batch in progress (EventView::span), if any
 
   /// Fires `e` at every callback (in order) and sends what they log to the loggers.
   void fire(Event e, const StepInfo* step = nullptr, const Metrics* metrics = nullptr, const std::string* path = nullptr) {
@@ -31,7 +32,7 @@ struct Hooks {
     Scalars log;
     for (const auto& cb : spec.callbacks) {
       auto reason = with_memory(s.callback_state, cb.name, [&](std::map<std::string, double>& memory) {
-        return cb.on_event(EventView{e, spec, s, step, metrics, path, &log, &memory});
+        return cb.on_event(EventView{e, spec, s, step, metrics, path, &log, &memory, span});
       });
       if (reason && cb.observer)  // an observer is left out of run fingerprints: it must not steer
         detail::raise(ErrorCode::invalid_spec,

@@ -75,10 +75,11 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
     if (obs.stop_requested()) break;
     detail::roll_epoch(t, course.n, course.batch_size, course.drop_last);
     if (course.done(s)) break;
+    const std::int64_t take = std::min(course.batch_size, course.n - t.sample_in_epoch);
+    obs.begin_batch(t, take);
     if (t.sample_in_epoch == 0) obs.fire(Event::epoch_start);
     obs.fire(Event::batch_start);
     if (spec.device.is_cuda()) detail::seed_device_generator(spec.device);  // dropout on the GPU: from the run's stream
-    const std::int64_t take = std::min(course.batch_size, course.n - t.sample_in_epoch);
     const auto [offset, size] = dp.begin_step(take, t.batch, obs.local_stop());  // this rank's shard
     Batch batch = feed.next(s, take, offset, size);
     if (!spec.device.is_cpu()) batch = {batch.inputs.to(spec.device, true), batch.targets.to(spec.device, true)};

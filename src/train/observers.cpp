@@ -35,6 +35,13 @@ std::size_t open_record(TrainState& s, const std::string& stage, std::optional<T
   return s.history.size() - 1;
 }
 
+void Observers::begin_batch(const Timestamp& t, std::int64_t take) {
+  span_ = BatchSpan{t, t, course_.n};
+  advance(span_.after, take);
+  roll_epoch(span_.after, course_.n, course_.batch_size, course_.drop_last);
+  hooks_.span = &span_;
+}
+
 bool Observers::local_stop() const { return (spec_.stop && spec_.stop->load()) || signals_.raised(); }
 
 bool Observers::stop_requested() {
@@ -89,6 +96,7 @@ void Observers::batch_end(const AlgorithmContext& actx, const StepOutput& out, s
 }
 
 void Observers::after_batch(const Timestamp& before, bool epoch_ended) {
+  hooks_.span = nullptr;
   const Timestamp& t = s_.time;
   s_.history[record_].end = t;
   if (!attached_) return;
@@ -106,6 +114,7 @@ void Observers::after_batch(const Timestamp& before, bool epoch_ended) {
 }
 
 void Observers::finish() {
+  hooks_.span = nullptr;  // a batch that stopped the fit (non-finite policy "stop") is over
   s_.rng = rng_.current();
   auto& r = s_.history[record_];
   r.end = s_.time;

@@ -41,6 +41,9 @@ class Observers {
   void fire(Event e) {
     if (attached_) hooks_.fire(e);
   }
+  /// The batch of `take` samples that begins at `t`: its events carry its span (EventView::due)
+  /// until after_batch.
+  void begin_batch(const Timestamp& t, std::int64_t take);
   /// Between batches: a stop flag or signal (agreed across ranks), or a callback's reason.
   [[nodiscard]] bool stop_requested();
   /// This rank was asked to stop (for the data-parallel agreement in the next step).
@@ -74,6 +77,7 @@ class Observers {
   bool attached_;
   std::size_t record_;
   SignalScope signals_;
+  BatchSpan span_{};
   bool interrupted_ = false, any_step_ = false;
   std::optional<std::int64_t> evaluated_at_;  // the batch count of this fit's last evaluation
 };
