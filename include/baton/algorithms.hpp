@@ -95,7 +95,7 @@ Algorithm swa(SwaOptions o = {});
 /// One rule of layer freezing: parameters matching `pattern` stop training once the stage is
 /// `at` (a fraction in [0, 1]) done.
 struct FreezeRule {
-  std::string pattern;
+  std::string pattern{};
   double at = 0.5;
 };
 /// Freezes layers progressively over the stage (their gradients are dropped after backward, so

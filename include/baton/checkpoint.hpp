@@ -40,12 +40,12 @@ struct CheckpointMeta {
 /// A checkpoint's header: readable without building the model.
 struct CheckpointInfo {
   std::uint32_t format_version = 0;
-  CheckpointMeta meta;
-  Timestamp time;
-  std::string stage;
+  CheckpointMeta meta{};
+  Timestamp time{};
+  std::string stage{};
   std::uint64_t seed = 0;
-  Time max_duration;
-  std::string params_sha256;  ///< as `params_sha256(state)` of the saved state
+  Time max_duration{};
+  std::string params_sha256{};  ///< as `params_sha256(state)` of the saved state
 };
 
 /// Writes `state` to `path` atomically (see the file comment) through the temporary file

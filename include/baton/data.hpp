@@ -22,8 +22,8 @@ namespace baton {
 
 /// One batch as the model sees it.
 struct Batch {
-  torch::Tensor inputs;
-  torch::Tensor targets;
+  torch::Tensor inputs{};
+  torch::Tensor targets{};
 };
 
 /// What a lazy dataset's batch may depend on besides the sample indices: the fit's data seed and
@@ -77,9 +77,9 @@ struct DataOrigin {
 /// function here take both kinds; read samples through `gather`/`range`, not the tensors, to
 /// support both.
 struct Dataset {
-  torch::Tensor inputs;                  ///< [N, ...] floating point (in memory)
-  torch::Tensor targets;                 ///< [N] int64 class indices, or [N, ...] floating for regression
-  std::string name;                      ///< used in messages, e.g. "fashion-mnist/train"
+  torch::Tensor inputs{};                ///< [N, ...] floating point (in memory)
+  torch::Tensor targets{};               ///< [N] int64 class indices, or [N, ...] floating for regression
+  std::string name{};                    ///< used in messages, e.g. "fashion-mnist/train"
   std::shared_ptr<const Source> source{};  ///< set: a lazy dataset
   DataOrigin origin{};                   ///< which loader made it, when a baton loader did
 
@@ -155,8 +155,8 @@ Expected<Dataset> fashion_mnist(Split split, const std::filesystem::path& dir = 
 /// Options for a CSV table: a header row of column names, then one sample per row, every cell a
 /// number.
 struct CsvOptions {
-  std::filesystem::path path;
-  std::string target;          ///< the target column's name; "" for the last column
+  std::filesystem::path path{};
+  std::string target{};        ///< the target column's name; "" for the last column
   bool classification = true;  ///< int64 class targets [N] (integers >= 0); false: float32 regression targets [N, 1]
 };
 
@@ -177,7 +177,7 @@ struct SyntheticOptions {
   std::int64_t features = 8;
   std::int64_t classes = 4;
   std::uint64_t seed = 0;                    ///< fixes the task (the class centers)
-  std::optional<std::uint64_t> sample_seed;  ///< fixes the samples drawn (default: seed + 1)
+  std::optional<std::uint64_t> sample_seed{};  ///< fixes the samples drawn (default: seed + 1)
 };
 
 /// A classification task for tests and examples (the `synthetic` kind of a curriculum): class
@@ -205,8 +205,8 @@ struct HoldOutOptions {
 
 /// The two parts of a held-out split.
 struct HeldOut {
-  Dataset train;  ///< the samples not held out, in their original order; named "<name>:train"
-  Dataset val;    ///< the held-out samples (round(fraction * size) of them), in their original order; "<name>:val"
+  Dataset train{};  ///< the samples not held out, in their original order; named "<name>:train"
+  Dataset val{};  ///< the held-out samples (round(fraction * size) of them), in their original order; "<name>:val"
 };
 
 /// Splits `dataset` into a training part and a held-out validation part that are disjoint and

@@ -38,8 +38,8 @@ std::string_view to_string(ErrorCode code) noexcept;
 /// ```
 struct Error {
   ErrorCode code = ErrorCode::invalid_argument;
-  std::string message;
-  std::vector<std::string> context;  ///< outermost first
+  std::string message{};
+  std::vector<std::string> context{};  ///< outermost first
 
   /// A copy with `where` put in front of the context chain (the new outermost frame).
   [[nodiscard]] Error with_context(std::string where) const;

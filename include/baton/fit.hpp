@@ -46,7 +46,7 @@ Expected<TrainState> fit(const TrainingSpec& spec, TrainState state, Time budget
 
 /// What one training step produced.
 struct StepResult {
-  TrainState state;
+  TrainState state{};
   double loss = 0;       ///< the batch's loss before the update
   double lr = 0;         ///< the base learning rate used (optimizer lr x schedule)
   double grad_norm = 0;  ///< global gradient norm before clipping (0 unless clipping by norm)

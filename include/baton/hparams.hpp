@@ -40,25 +40,25 @@ namespace baton {
 
 /// A model a file can name: the keys it accepts and how to build it from them.
 struct ModelEntry {
-  std::vector<std::string> keys;
-  std::function<Expected<ModelFactory>(const Params&)> make;
-  std::string help;  ///< one line for error messages and docs
+  std::vector<std::string> keys{};
+  std::function<Expected<ModelFactory>(const Params&)> make{};
+  std::string help{};  ///< one line for error messages and docs
 };
 
 /// A dataset kind a file can name: the keys it accepts and how to load it.
 struct DatasetEntry {
-  std::vector<std::string> keys;
-  std::function<Expected<Dataset>(const Params&)> load;
-  std::string help;
+  std::vector<std::string> keys{};
+  std::function<Expected<Dataset>(const Params&)> load{};
+  std::string help{};
 };
 
 /// The names a curriculum file may use for models and dataset kinds. Add your own and pass the
 /// registry to `load_curriculum` (or to `baton::cli::main`) to get the same CLI for your program.
 struct Registry {
-  std::map<std::string, ModelEntry> models;
-  std::map<std::string, DatasetEntry> datasets;
+  std::map<std::string, ModelEntry> models{};
+  std::map<std::string, DatasetEntry> datasets{};
   /// Metrics `[eval] metrics = [...]` may name besides the built-in ones (`metric::builtin`).
-  std::map<std::string, Metric> metrics;
+  std::map<std::string, Metric> metrics{};
 
   /// Models `mlp` (widths) and `small_cnn` (channels1, channels2, hidden, classes, in_channels,
   /// image_size); datasets `fashion-mnist` (split, dir), `idx` (images, labels), `csv` (path,
@@ -69,21 +69,21 @@ struct Registry {
 
 /// Run-level settings (`[run]`).
 struct RunConfig {
-  std::string name;
+  std::string name{};
   std::uint64_t seed = 0;
   c10::Device device = c10::Device(c10::kCPU);
-  Time max_duration;
-  std::filesystem::path run_dir;
+  Time max_duration{};
+  std::filesystem::path run_dir{};
   int threads = 0;  ///< intra-op threads for configure_runtime (0: all cores)
-  std::optional<Time> checkpoint_every;  ///< also checkpoint every this much training (in a stage)
+  std::optional<Time> checkpoint_every{};  ///< also checkpoint every this much training (in a stage)
   int keep_checkpoints = 3;              ///< interval checkpoints kept (stage ends are always kept)
   bool tensorboard = false;              ///< also write TensorBoard event files to run_dir/tensorboard
 };
 
 /// When and on what a stage evaluates (`eval` in a stage).
 struct EvalPlan {
-  EvalSpec spec;                ///< the sets, bound to loaded datasets
-  std::optional<Time> interval; ///< also evaluate every `interval` within the stage
+  EvalSpec spec{};              ///< the sets, bound to loaded datasets
+  std::optional<Time> interval{};  ///< also evaluate every `interval` within the stage
 };
 
 /// One stage as the file describes it (after inheritance from `[defaults]` and earlier stages),

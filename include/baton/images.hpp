@@ -36,9 +36,9 @@ struct ImageFolderOptions {
 
 /// An image folder: the lazy dataset, its class names, and the files skipped.
 struct ImageFolder {
-  Dataset dataset;
-  std::vector<std::string> classes;
-  std::vector<std::filesystem::path> skipped;
+  Dataset dataset{};
+  std::vector<std::string> classes{};
+  std::vector<std::filesystem::path> skipped{};
 };
 
 /// Lists and checks the images (headers only; nothing is decoded until a batch needs it).

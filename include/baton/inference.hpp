@@ -33,10 +33,10 @@ enum class InputKind { image, features };
 
 /// What a deployed model is and what it expects, stored in the artifact beside its weights.
 struct ModelCard {
-  std::string model;                      ///< the registry's name ("small_cnn", "mlp"); "" for a model of your own
+  std::string model{};                    ///< the registry's name ("small_cnn", "mlp"); "" for a model of your own
   Params options{};                       ///< its `[model]` keys
   InputKind input = InputKind::features;
-  std::vector<std::int64_t> input_shape;  ///< one sample as the model takes it: {1, 28, 28}, {4}
+  std::vector<std::int64_t> input_shape{};  ///< one sample as the model takes it: {1, 28, 28}, {4}
   bool normalize = false;                 ///< images: (pixel / 255 - mean) / std; else pixel / 255
   double mean = 0.0;
   double std = 1.0;
@@ -48,8 +48,8 @@ struct ModelCard {
 
 /// What `Predictor::predict` answers, one row per input.
 struct Predictions {
-  torch::Tensor classes;        ///< int64 [N]: the most likely class (the first of equal logits)
-  torch::Tensor probabilities;  ///< float32 [N, classes]: softmax of the logits
+  torch::Tensor classes{};      ///< int64 [N]: the most likely class (the first of equal logits)
+  torch::Tensor probabilities{};  ///< float32 [N, classes]: softmax of the logits
 };
 
 /// A model ready to predict. Holds no mutable state: share it between threads.
@@ -94,8 +94,8 @@ Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, co
 
 /// Inputs read from a file for a card, ready for `Predictor::predict`.
 struct InputBatch {
-  std::vector<std::string> ids;  ///< one per input: the row number, or the image's file name
-  torch::Tensor inputs;          ///< raw: uint8 images [N, H, W] / [N, C, H, W], or float32 features [N, F]
+  std::vector<std::string> ids{};  ///< one per input: the row number, or the image's file name
+  torch::Tensor inputs{};        ///< raw: uint8 images [N, H, W] / [N, C, H, W], or float32 features [N, F]
 };
 
 /// Reads inputs for `card` from `path`: an IDX file of images (plain or .gz, as Fashion-MNIST's),

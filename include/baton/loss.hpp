@@ -11,8 +11,8 @@ namespace baton {
 
 /// A named loss. The function must return a scalar (0-dim) tensor averaged over the batch.
 struct Loss {
-  std::string name;
-  std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)> fn;
+  std::string name{};
+  std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)> fn{};
 };
 
 namespace loss {

@@ -29,18 +29,18 @@ enum class MetricTargets {
 struct Metric {
   /// How floating statistics join: `into` (earlier samples) takes in `later`; see `merge`.
   using Merge = std::function<void(std::span<double> into, std::span<const double> later)>;
-  std::string name;  ///< "f1": reported as "<set>/f1", details as "<set>/f1/<detail>"
+  std::string name{};  ///< "f1": reported as "<set>/f1", details as "<set>/f1/<detail>"
   MetricTargets targets = MetricTargets::any;
   /// The statistics of one batch from the model's output (float32; under bf16/fp16 autocast too)
   /// and the targets. An integral tensor (counts, any shape up to 3 dims, the same for every
   /// batch) is summed over batches exactly. A floating tensor must be [batch, k], one row per
   /// sample; rows are added (or joined with `merge`) in sample order in float64, so the result
   /// does not depend on how the set was cut into batches.
-  std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)> batch;
+  std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)> batch{};
   /// The values from the statistics summed over the whole set (and all ranks), as float64, and
   /// the number of samples: key "" is the metric's value, other keys are details (per class:
   /// "3"; cells: "3/5"), reported as "<name>/<key>".
-  std::function<std::map<std::string, double>(const torch::Tensor& sums, std::int64_t samples)> finish;
+  std::function<std::map<std::string, double>(const torch::Tensor& sums, std::int64_t samples)> finish{};
   /// False for a metric that gives details only (the confusion matrix): it has no value of its
   /// own to watch with early stopping or keep_best.
   bool scalar = true;

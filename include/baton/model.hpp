@@ -26,8 +26,8 @@ namespace baton {
 
 /// A module and how to call it.
 struct Model {
-  std::shared_ptr<torch::nn::Module> module;
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::shared_ptr<torch::nn::Module> module{};
+  std::function<torch::Tensor(const torch::Tensor&)> forward{};
 };
 
 /// Makes a fresh Model. Must build the same architecture every time.
@@ -60,7 +60,7 @@ namespace models {
 /// (`mlp`, `small_cnn`); `named` makes one of your own factory. Recover it from any
 /// `ModelFactory` with `factory.target<baton::models::Named>()` (null: the factory says nothing).
 struct Named {
-  std::string name;  ///< the registry's name: "mlp", "small_cnn", or yours ("my_net")
+  std::string name{};  ///< the registry's name: "mlp", "small_cnn", or yours ("my_net")
   Params params{};   ///< its `[model]` keys, as a curriculum file would give them
   ModelFactory make{};
   Model operator()() const { return make(); }

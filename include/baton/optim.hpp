@@ -125,13 +125,13 @@ enum class Carry {
 /// grad_avg; Adagrad: sum). A slot is undefined until first used.
 struct ParamState {
   std::int64_t step = 0;
-  std::vector<torch::Tensor> slots;
+  std::vector<torch::Tensor> slots{};
 };
 
 /// The optimizer state of a TrainState: empty `kind` means no step has been taken.
 struct OptimizerState {
-  std::string kind;
-  std::map<std::string, ParamState> params;  ///< keyed by parameter name, e.g. "0.weight"
+  std::string kind{};
+  std::map<std::string, ParamState> params{};  ///< keyed by parameter name, e.g. "0.weight"
 };
 
 namespace optim {
@@ -146,8 +146,8 @@ void apply(const Optimizer& opt, torch::Tensor param, torch::Tensor grad, ParamS
 
 /// The new parameter and optimizer state of one update.
 struct Updated {
-  torch::Tensor param;
-  ParamState state;
+  torch::Tensor param{};
+  ParamState state{};
 };
 
 /// The pure form of `apply`, as Optax's `update`: returns the updated parameter and state and

@@ -87,8 +87,8 @@ struct RunOptions {
 
 /// What one stage did in this call of `run`.
 struct StageSummary {
-  std::string name;
-  Timestamp start, end;
+  std::string name{};
+  Timestamp start{}, end{};
   double loss = 0;               ///< the mean training loss of the stage's last logged interval
   Metrics metrics{};             ///< the last evaluation of the stage
   double seconds = 0;            ///< wall time of training (evaluation excluded)
@@ -97,7 +97,7 @@ struct StageSummary {
 
 /// What `run` returns.
 struct RunResult {
-  TrainState state;
+  TrainState state{};
   bool interrupted = false;                 ///< stopped by a signal or `stop`: run again to resume
   bool paused = false;                      ///< stopped at RunOptions::pause_at / pause_after: run again to go on
   std::filesystem::path checkpoint{};       ///< the newest checkpoint written (the interrupt's or the pause's, when stopped)

@@ -31,8 +31,8 @@ struct RuntimeOptions {
 
 /// What this CPU computes in hardware: for speed decisions, and named with every speed figure.
 struct CpuInfo {
-  std::string model;         ///< /proc/cpuinfo's "model name", e.g. "AMD EPYC 7B13" ("unknown" elsewhere)
-  std::string vector_isa;    ///< the kernels LibTorch dispatches to: "AVX2", "AVX512", "DEFAULT", ...
+  std::string model{};       ///< /proc/cpuinfo's "model name", e.g. "AMD EPYC 7B13" ("unknown" elsewhere)
+  std::string vector_isa{};  ///< the kernels LibTorch dispatches to: "AVX2", "AVX512", "DEFAULT", ...
   bool native_bf16 = false;  ///< avx512_bf16 or amx_bf16: bf16 arithmetic in hardware, not emulated
   [[nodiscard]] std::string to_string() const;  ///< "AMD EPYC 7B13, AVX2, bf16 emulated"
 };
@@ -50,11 +50,11 @@ std::optional<std::string> bf16_cpu_warning();
 struct RuntimeReport {
   int threads = 0;
   int blas_threads = 0;
-  std::string blas_library;  ///< path of the library that provides sgemm_
+  std::string blas_library{};  ///< path of the library that provides sgemm_
   bool openblas = false;
   bool blas_in_libtorch = false;  ///< LibTorch carries its own BLAS (PyTorch's wheels): not the slow reference one
   bool malloc_tuned = false;
-  std::string wait_policy;   ///< how OpenMP's idle threads wait (thread_wait_policy())
+  std::string wait_policy{}; ///< how OpenMP's idle threads wait (thread_wait_policy())
   CpuInfo cpu{};             ///< the CPU, its vector ISA and whether bf16 is native
   [[nodiscard]] std::string to_string() const;  ///< one line for a log
 };

@@ -49,8 +49,8 @@ struct ScheduleTime {
 /// the warm-up fits in the stage.
 struct Schedule {
   std::string name = "constant";
-  std::function<double(const ScheduleTime&)> fn;
-  std::optional<Time> warmup;
+  std::function<double(const ScheduleTime&)> fn{};
+  std::optional<Time> warmup{};
 
   [[nodiscard]] double operator()(const ScheduleTime& t) const { return fn ? fn(t) : 1.0; }
 };

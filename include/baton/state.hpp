@@ -31,21 +31,21 @@ namespace baton {
 /// What a `ModelCarry::transfer` did, parameter by parameter (buffers included), for the caller
 /// to print or check.
 struct TransferReport {
-  std::vector<std::string> copied;       ///< taken from the source: same name and shape
-  std::vector<std::string> skipped;      ///< in the source but not taken, with the reason
-  std::vector<std::string> initialized;  ///< new in the target: freshly initialized
+  std::vector<std::string> copied{};     ///< taken from the source: same name and shape
+  std::vector<std::string> skipped{};    ///< in the source but not taken, with the reason
+  std::vector<std::string> initialized{};  ///< new in the target: freshly initialized
   [[nodiscard]] std::string to_string() const;
 };
 
 /// One stage, as recorded in the state's history (fits that continue a stage extend its record).
 struct StageRecord {
-  std::string name;             ///< the spec's name
-  Timestamp start;
-  Timestamp end;
+  std::string name{};           ///< the spec's name
+  Timestamp start{};
+  Timestamp end{};
   double last_loss = 0;         ///< training loss of the last batch
   double last_lr = 0;           ///< base learning rate of the last step (after the schedule)
   double last_grad_norm = 0;    ///< global gradient norm before clipping (when clipping by norm)
-  std::optional<TransferReport> transfer;  ///< set when this call began a stage with a transfer
+  std::optional<TransferReport> transfer{};  ///< set when this call began a stage with a transfer
   bool interrupted = false;     ///< the last fit of this stage stopped early on a stop request or signal
   std::string stop_reason{};    ///< why a callback (early stopping, ...) or the non-finite policy ended the stage early
   std::int64_t skipped_batches = 0;  ///< batches consumed without an update (non-finite policy "skip")
@@ -66,23 +66,23 @@ struct OrderCache;
 /// The whole state of a run. Fields are public, as in Flax's TrainState: read them freely;
 /// baton's functions return new states rather than changing yours.
 struct TrainState {
-  ModelFactory factory;            ///< makes the architecture (used for deep copies)
-  Model model;                     ///< parameters and buffers live in `model.module`
-  OptimizerState optimizer;        ///< moments keyed by parameter name
-  Timestamp time;                  ///< where the run is
-  torch::Tensor rng;               ///< CPU generator state used for dropout etc. during fit
+  ModelFactory factory{};          ///< makes the architecture (used for deep copies)
+  Model model{};                   ///< parameters and buffers live in `model.module`
+  OptimizerState optimizer{};      ///< moments keyed by parameter name
+  Timestamp time{};                ///< where the run is
+  torch::Tensor rng{};             ///< CPU generator state used for dropout etc. during fit
   std::uint64_t seed = 0;          ///< the run's seed: data order and RNG derive from it
-  Time max_duration;               ///< the run never trains past this (ep, ba or sp)
-  std::vector<StageRecord> history;  ///< what the run has done, one record per stage
-  std::string stage;               ///< name of the stage in progress ("" before the first fit)
-  Timestamp stage_start;           ///< when the stage in progress began (the stage clock's origin)
+  Time max_duration{};             ///< the run never trains past this (ep, ba or sp)
+  std::vector<StageRecord> history{};  ///< what the run has done, one record per stage
+  std::string stage{};             ///< name of the stage in progress ("" before the first fit)
+  Timestamp stage_start{};         ///< when the stage in progress began (the stage clock's origin)
   /// What algorithms remember (EMA/SWA weights, ...), by algorithm name then tensor name. One
   /// that keeps nothing (yet) has no entry; so for callbacks.
-  std::map<std::string, std::map<std::string, torch::Tensor>> algorithm_state;
+  std::map<std::string, std::map<std::string, torch::Tensor>> algorithm_state{};
   /// What callbacks remember (early stopping's best value, ...), by callback name then key.
-  std::map<std::string, std::map<std::string, double>> callback_state;
+  std::map<std::string, std::map<std::string, double>> callback_state{};
   /// Dynamic loss scaling's scale (set by the first fit whose spec has `loss_scaling`).
-  std::optional<LossScaleState> loss_scale;
+  std::optional<LossScaleState> loss_scale{};
 
   TrainState() = default;
   TrainState(const TrainState& other);             ///< deep copy
@@ -101,7 +101,7 @@ struct TrainState {
 
   /// Cached data order of the current epoch: derived from (seed, epoch), shared between copies
   /// because it is immutable. Not part of the state's value.
-  std::shared_ptr<const OrderCache> order_cache;
+  std::shared_ptr<const OrderCache> order_cache{};
 };
 
 /// Options of a new run.

@@ -23,27 +23,27 @@ struct ModelSummary {
   /// A module: for a `torch::nn::Sequential` model each entry in order, with the shape of its
   /// output; for another model each direct child (its output shape is not known: empty).
   struct Row {
-    std::string name;                  ///< its name in the module tree ("0", "encoder")
-    std::string type;                  ///< "Conv2d", "Linear", ... (the C++ class, less "Impl")
-    std::vector<std::int64_t> output;  ///< per sample (no batch dimension); empty when unknown
-    std::int64_t params = 0;           ///< parameter elements in it and its children
-    std::optional<double> flops;       ///< per sample; nullopt when not known for its type
+    std::string name{};                  ///< its name in the module tree ("0", "encoder")
+    std::string type{};                  ///< "Conv2d", "Linear", ... (the C++ class, less "Impl")
+    std::vector<std::int64_t> output{};  ///< per sample (no batch dimension); empty when unknown
+    std::int64_t params = 0;             ///< parameter elements in it and its children
+    std::optional<double> flops{};       ///< per sample; nullopt when not known for its type
   };
   /// Trainable and frozen parameter elements of a stage (its `freeze` patterns).
   struct Stage {
-    std::string name;
+    std::string name{};
     std::int64_t trainable = 0, frozen = 0;
   };
-  std::vector<Row> rows;
-  std::vector<std::int64_t> input, output;  ///< per sample
+  std::vector<Row> rows{};
+  std::vector<std::int64_t> input{}, output{};  ///< per sample
   std::int64_t params = 0;                  ///< parameter elements
   std::int64_t buffer_elements = 0;         ///< buffers (batch-norm statistics, ...)
   double megabytes = 0;                     ///< parameters and buffers, 10^6 bytes
   /// Floating-point operations of one sample's forward pass (a multiply-add counts 2): convolutions,
   /// linear layers and batch norms; nullopt when a module with parameters is of a type whose count
   /// is not known, or the model is not a Sequential (unknown input shapes inside).
-  std::optional<double> flops;
-  std::vector<Stage> stages;
+  std::optional<double> flops{};
+  std::vector<Stage> stages{};
 
   /// A table: one line per row, totals, and one line per stage.
   [[nodiscard]] std::string to_string() const;

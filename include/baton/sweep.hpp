@@ -65,24 +65,24 @@ Expected<SweepOptions> sweep_options(const std::filesystem::path& file, const st
 
 /// What one point of a sweep gave.
 struct SweepPointResult {
-  SweepPoint overrides;
+  SweepPoint overrides{};
   std::size_t shared_stages = 0;        ///< stages trained once for this point and at least one other
-  std::filesystem::path final_state;    ///< the run directory's final.baton of its last stage
-  std::string params_sha256;
+  std::filesystem::path final_state{};  ///< the run directory's final.baton of its last stage
+  std::string params_sha256{};
   Metrics final_metrics{};              ///< the last evaluation of its last stage
   double score = 0;                     ///< the ranking metric (NaN when the point has none)
 };
 
 struct SweepResult {
-  std::vector<SweepPointResult> points;  ///< in the order of SweepOptions::points
+  std::vector<SweepPointResult> points{};  ///< in the order of SweepOptions::points
   std::size_t best = 0;                  ///< index of the best point
   std::size_t stages_trained = 0;        ///< tree nodes (stage runs); a sweep without sharing trains points x stages
   std::size_t stages_total = 0;          ///< points x stages
-  std::string metric;                    ///< the ranking metric's name
+  std::string metric{};                  ///< the ranking metric's name
   bool maximize = true;                  ///< as SweepOptions::maximize
   bool interrupted = false;              ///< Ctrl-C or SIGTERM: a checkpoint was written; call again to go on
-  std::filesystem::path summary_file;    ///< dir/sweep.json when written (empty if not: the reason went to stderr)
-  std::filesystem::path report_file;     ///< dir/report.html when written (empty if not, or not asked for)
+  std::filesystem::path summary_file{};  ///< dir/sweep.json when written (empty if not: the reason went to stderr)
+  std::filesystem::path report_file{};   ///< dir/report.html when written (empty if not, or not asked for)
   /// One row per point, best first, the best marked with '*'.
   [[nodiscard]] std::string table() const;
 };

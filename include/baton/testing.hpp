@@ -32,7 +32,7 @@ namespace baton::testing {
 /// what went wrong (naming parameters, steps, tensors) and the likely causes.
 struct Check {
   bool passed = false;
-  std::string message;
+  std::string message{};
   explicit operator bool() const { return passed; }
 };
 std::ostream& operator<<(std::ostream& out, const Check& check);
