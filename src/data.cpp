@@ -1,4 +1,5 @@
 // Datasets, the IDX reader and the data order.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -312,6 +313,58 @@ Expected<Dataset> slice(const Dataset& dataset, std::int64_t offset, std::int64_
   auto out = dataset.lazy() ? make_dataset(detail::subset(dataset.source, torch::arange(offset, offset + count, torch::kLong)), part)
                             : Dataset{dataset.inputs.narrow(0, offset, count), dataset.targets.narrow(0, offset, count), part};
   out.origin = detail::sliced_origin(dataset.origin, offset, count);
+  return out;
+}
+
+Expected<Dataset> map_labels(const Dataset& dataset, const std::vector<std::int64_t>& map) {
+  if (auto ok = dataset.validate(); !ok) return tl::unexpected(ok.error());
+  const auto where = [&] { return fmt::format("dataset \"{}\": label_map [{}]", dataset.name, fmt::join(map, ", ")); };
+  if (!dataset.class_targets())
+    return fail(ErrorCode::invalid_argument, fmt::format("{}: its targets are not class indices (int64 [N])", where()));
+  if (map.empty()) return fail(ErrorCode::invalid_argument, fmt::format("{}: the map is empty", where()));
+  for (std::size_t c = 0; c < map.size(); ++c)
+    if (map[c] < -1)
+      return fail(ErrorCode::invalid_argument,
+                  fmt::format("{}: class {} maps to {}; a new class is >= 0, or -1 to leave the class out", where(), c, map[c]));
+  if (!dataset.lazy() && dataset.targets.min().item<std::int64_t>() < 0)
+    return fail(ErrorCode::invalid_argument, fmt::format("{}: the data has label {}; class labels start at 0", where(),
+                                                         dataset.targets.min().item<std::int64_t>()));
+  const std::int64_t classes = dataset.classes();
+  if (classes > static_cast<std::int64_t>(map.size()))
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("{}: the data has class {}, which the map's {} entries do not cover; give one entry per "
+                            "class (-1 leaves a class out)", where(), classes - 1, map.size()));
+  const std::int64_t new_classes = *std::max_element(map.begin(), map.end()) + 1;
+  if (new_classes == 0) return fail(ErrorCode::invalid_argument, fmt::format("{}: leaves every class out", where()));
+  const bool drops = std::any_of(map.begin(), map.begin() + classes, [](std::int64_t m) { return m < 0; });
+  // A curriculum maps labels first, before offset, limit and holdout: only then can the origin say it.
+  auto origin = [&]() -> DataOrigin {
+    const auto& o = dataset.origin;
+    if (o.kind.empty() || o.holdout_fraction > 0 || o.keys.count("offset") || o.keys.count("limit") || o.keys.count("label_map"))
+      return {};
+    DataOrigin out = o;
+    out.keys["label_map"] = std::vector<double>(map.begin(), map.end());
+    return out;
+  };
+  const std::string name = fmt::format("{}:labels", dataset.name);
+  if (dataset.lazy()) {
+    if (drops)
+      return fail(ErrorCode::invalid_argument,
+                  fmt::format("{}: leaving classes out of a lazy dataset needs every sample's label; materialize it "
+                              "first (data::materialize), or map every class", where()));
+    auto out = make_dataset(detail::relabelled(dataset.source, map, new_classes), name);
+    out.origin = origin();
+    return out;
+  }
+  const auto table = torch::tensor(map, torch::kLong);
+  auto targets = table.index_select(0, dataset.targets);
+  Dataset out{dataset.inputs, targets, name};
+  if (drops) {
+    const auto keep = targets.ge(0).nonzero().squeeze(1);
+    if (keep.numel() == 0) return fail(ErrorCode::invalid_argument, fmt::format("{}: leaves no sample", where()));
+    out = Dataset{dataset.inputs.index_select(0, keep), targets.index_select(0, keep), name};
+  }
+  out.origin = origin();
   return out;
 }
 

@@ -36,6 +36,9 @@ std::vector<std::string> class_names(const std::shared_ptr<const Source>& source
 /// The samples `indices` (int64 [M], into `base`) of a lazy source, as a source of M samples.
 std::shared_ptr<const Source> subset(std::shared_ptr<const Source> base, torch::Tensor indices);
 
+/// A lazy source whose class targets are relabelled by `map` (no -1 in it), with `classes` classes.
+std::shared_ptr<const Source> relabelled(std::shared_ptr<const Source> base, std::vector<std::int64_t> map, std::int64_t classes);
+
 /// `origin` after taking the `count` samples from `offset` (its offset and limit composed); none
 /// where a curriculum cannot say it (a range of a held-out part, an unknown origin).
 DataOrigin sliced_origin(const DataOrigin& origin, std::int64_t offset, std::int64_t count);

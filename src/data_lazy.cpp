@@ -1,7 +1,8 @@
-// Lazy datasets built from others: a subset (slice, hold-out), a per-sample transform, and
-// materialize (data.hpp).
+// Lazy datasets built from others: a subset (slice, hold-out), relabelled classes (map_labels), a
+// per-sample transform, and materialize (data.hpp).
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/torch.h>
 
 #include "baton/data.hpp"
@@ -51,6 +52,36 @@ class SubsetSource final : public Source, public detail::ClassNames {
  private:
   std::shared_ptr<const Source> base_;
   torch::Tensor indices_;  // int64, into base_
+};
+
+/// Class targets relabelled through a map, as each batch is made.
+class RelabelSource final : public Source {
+ public:
+  RelabelSource(std::shared_ptr<const Source> base, std::vector<std::int64_t> map, std::int64_t classes)
+      : base_(std::move(base)), map_(std::move(map)), table_(torch::tensor(map_, torch::kLong)), classes_(classes) {}
+  std::int64_t size() const override { return base_->size(); }
+  Expected<Batch> batch(const torch::Tensor& indices, const SampleContext& context) const override {
+    auto b = base_->batch(indices, context);
+    if (!b) return b;
+    const auto& y = b->targets;
+    if (y.scalar_type() != torch::kLong || y.dim() != 1)
+      return fail(ErrorCode::data, "label_map: the source's targets are not class indices");
+    if (y.numel() > 0 && (y.min().item<std::int64_t>() < 0 || y.max().item<std::int64_t>() >= table_.size(0)))
+      return fail(ErrorCode::data, fmt::format("label_map: a label outside the map's {} classes in this batch", table_.size(0)));
+    return Batch{std::move(b->inputs), table_.index_select(0, y)};
+  }
+  std::vector<std::int64_t> input_shape() const override { return base_->input_shape(); }
+  std::int64_t classes() const override { return classes_; }
+  std::string identity() const override {
+    auto base = base_->identity();
+    return base.empty() ? base : fmt::format("{}, label_map [{}]", base, fmt::join(map_, ", "));
+  }
+
+ private:
+  std::shared_ptr<const Source> base_;
+  std::vector<std::int64_t> map_;
+  torch::Tensor table_;
+  std::int64_t classes_;
 };
 
 /// The generator of sample `index` in epoch `epoch` of a fit with data seed `seed`.
@@ -118,6 +149,11 @@ class TransformSource final : public Source, public detail::ClassNames {
 std::vector<std::string> detail::class_names(const std::shared_ptr<const Source>& source) {
   const auto* named = dynamic_cast<const ClassNames*>(source.get());
   return named ? named->class_names() : std::vector<std::string>{};
+}
+
+std::shared_ptr<const Source> detail::relabelled(std::shared_ptr<const Source> base, std::vector<std::int64_t> map,
+                                                 std::int64_t classes) {
+  return std::make_shared<RelabelSource>(std::move(base), std::move(map), classes);
 }
 
 std::shared_ptr<const Source> detail::subset(std::shared_ptr<const Source> base, torch::Tensor indices) {

@@ -237,3 +237,72 @@ TEST_CASE("hold_out splits into disjoint parts that keep the order, chosen by (s
     CHECK_THAT(most.error().to_string(), Catch::Contains("leaves the training part empty"));
   }
 }
+
+TEST_CASE("map_labels relabels classes and leaves out the classes mapped to -1, keeping the order", "[data][labels]") {
+  // Ten classes, sample i of class i % 10.
+  const auto x = torch::arange(100, torch::kFloat32).unsqueeze(1);
+  const auto y = torch::arange(100, torch::kLong).remainder(10);
+  const auto d = *baton::make_dataset(x, y, "ten");
+  const std::vector<std::int64_t> coarse = {0, 1, 0, 0, 0, 2, 0, 2, 3, 2};
+
+  auto c = baton::data::map_labels(d, coarse);
+  REQUIRE(c);
+  CHECK(c->size() == 100);
+  CHECK(c->classes() == 4);
+  CHECK(torch::equal(c->inputs, x));  // the same samples, in their order
+  for (std::int64_t i = 0; i < 100; ++i) REQUIRE(c->targets[i].item<std::int64_t>() == coarse[static_cast<std::size_t>(i % 10)]);
+  CHECK(torch::equal(torch::bincount(c->targets), torch::tensor({50, 10, 30, 10}, torch::kLong)));
+
+  auto upper = baton::data::map_labels(d, {-1, -1, -1, -1, -1, 0, 1, 2, 3, 4});
+  REQUIRE(upper);
+  CHECK(upper->size() == 50);
+  CHECK(upper->classes() == 5);
+  CHECK(increasing(upper->inputs.squeeze(1).to(torch::kLong)));
+  CHECK(torch::equal(upper->targets, upper->inputs.squeeze(1).to(torch::kLong).remainder(10) - 5));
+
+  SECTION("a lazy dataset is relabelled as its batches are made; leaving classes out of one is an error") {
+    const auto lazy = baton::data::transform(d, [](const torch::Tensor& t, at::Generator&) { return t * 2; }, "double");
+    auto m = baton::data::map_labels(lazy, coarse);
+    REQUIRE(m);
+    REQUIRE(m->lazy());
+    CHECK(m->classes() == 4);
+    auto b = m->range(0, 100);
+    REQUIRE(b);
+    CHECK(torch::equal(b->targets, c->targets));
+    CHECK(torch::equal(b->inputs, x * 2));
+    CHECK_THAT(m->identity(), Catch::Contains("label_map [0, 1, 0, 0, 0, 2, 0, 2, 3, 2]"));
+    auto dropped = baton::data::map_labels(lazy, {-1, -1, -1, -1, -1, 0, 1, 2, 3, 4});
+    REQUIRE_FALSE(dropped);
+    CHECK_THAT(dropped.error().to_string(), Catch::Contains("materialize it first"));
+  }
+  SECTION("a maker's origin carries the map when it comes first, as a curriculum applies it") {
+    auto s = baton::data::synthetic({.samples = 60, .classes = 4, .seed = 1});
+    REQUIRE(s);
+    auto m = baton::data::map_labels(*s, {0, 0, 1, -1});
+    REQUIRE(m);
+    CHECK(m->origin.kind == "synthetic");
+    CHECK(std::get<std::vector<double>>(m->origin.keys.at("label_map")) == std::vector<double>{0, 0, 1, -1});
+    auto part = baton::data::slice(*m, 5, 10);
+    REQUIRE(part);
+    CHECK(part->origin.keys.count("label_map"));
+    CHECK(part->origin.keys.count("limit"));
+    auto late = baton::data::map_labels(*baton::data::slice(*s, 5, 10), {0, 0, 1, 1});
+    REQUIRE(late);
+    CHECK(late->origin.kind.empty());  // a curriculum cannot say "map after slicing"
+  }
+  SECTION("bad maps are errors that say what is wrong") {
+    auto says = [&](const baton::Dataset& data, const std::vector<std::int64_t>& map) {
+      auto r = baton::data::map_labels(data, map);
+      REQUIRE_FALSE(r);
+      return r.error().to_string();
+    };
+    CHECK_THAT(says(d, {0, 1, 2}), Catch::Contains("dataset \"ten\"") && Catch::Contains("has class 9, which the map's 3 entries do not cover"));
+    CHECK_THAT(says(d, {0, 1, 0, 0, 0, 2, 0, 2, 3, -2}), Catch::Contains("class 9 maps to -2"));
+    CHECK_THAT(says(d, std::vector<std::int64_t>(10, -1)), Catch::Contains("leaves every class out"));
+    CHECK_THAT(says(d, {}), Catch::Contains("the map is empty"));
+    const auto regression = *baton::make_dataset(x, x.squeeze(1), "reg");
+    CHECK_THAT(says(regression, coarse), Catch::Contains("not class indices"));
+    const auto negative = *baton::make_dataset(x, y - 1, "neg");
+    CHECK_THAT(says(negative, coarse), Catch::Contains("has label -1"));
+  }
+}

@@ -397,3 +397,87 @@ TEST_CASE("TOML takes a part of an epoch for stage durations, intervals and sche
   REQUIRE_FALSE(bad);
   CHECK_THAT(bad.error().message, Catch::Contains("run.max_duration: \"2.5ep\": the run's max duration counts whole epochs"));
 }
+
+TEST_CASE("label_map on a dataset table relabels before offset, limit and holdout, as data::map_labels", "[hparams][labels]") {
+  const std::string head = R"(
+[run]
+name = "labels"
+max_duration = "1ep"
+[model]
+name = "mlp"
+widths = [8, 4]
+[datasets.all]
+kind = "synthetic"
+samples = 300
+classes = 4
+seed = 3
+)";
+  const std::string parts = R"(
+[datasets.train]
+kind = "synthetic"
+samples = 300
+classes = 4
+seed = 3
+label_map = [0, -1, 1, 1]
+limit = 200
+holdout = { fraction = 0.25, seed = 9, part = "train" }
+[datasets.val]
+kind = "synthetic"
+samples = 300
+classes = 4
+seed = 3
+label_map = [0, -1, 1, 1]
+limit = 200
+holdout = { fraction = 0.25, seed = 9, part = "val" }
+)";
+  const std::string stage = R"(
+[[stages]]
+name = "a"
+duration = "1ep"
+data = "train"
+eval = { sets = ["val"] }
+)";
+  const auto value = [](auto r) {
+    if (!r) FAIL(r.error().to_string());
+    return *r;
+  };
+  const auto cur = parse(head + parts + stage);
+  const auto all = value(cur.dataset("all"));
+  const auto mapped = value(baton::data::map_labels(all, {0, -1, 1, 1}));
+  const auto expected = value(baton::data::hold_out(value(baton::data::slice(mapped, 0, 200)), {.fraction = 0.25, .seed = 9}));
+  const auto train = value(cur.dataset("train"));
+  const auto val = value(cur.dataset("val"));
+  CHECK(train.size() == 150);
+  CHECK(train.classes() == 2);
+  CHECK(torch::equal(train.inputs, expected.train.inputs));
+  CHECK(torch::equal(train.targets, expected.train.targets));
+  CHECK(torch::equal(val.targets, expected.val.targets));
+  CHECK(cur.validate());
+
+  auto problems = [&](const std::string& datasets) {
+    auto bad = baton::parse_curriculum(head + datasets + stage, "bad.toml");
+    REQUIRE_FALSE(bad);
+    return bad.error().to_string();
+  };
+  SECTION("a train and a val part with different label maps could share samples") {
+    std::string other = parts;
+    other.replace(other.rfind("label_map = [0, -1, 1, 1]"), 25, "label_map = [0, 1, 1, 1]");
+    CHECK_THAT(problems(other), Catch::Contains("datasets.val (holdout part \"val\") and datasets.train (part \"train\") "
+                                                "split the same data with different label maps"));
+  }
+  SECTION("a map that is not a list of whole numbers >= -1 names the key and the line") {
+    for (const std::string bad : {"label_map = [0, \"a\"]", "label_map = [0, 1.5]", "label_map = [0, -2]", "label_map = []",
+                                  "label_map = 3"}) {
+      INFO(bad);
+      CHECK_THAT(problems("[datasets.train]\nkind = \"synthetic\"\n" + bad + "\n[datasets.val]\nkind = \"synthetic\"\n"),
+                 Catch::Contains("bad.toml:") && Catch::Contains("datasets.train.label_map: expected a list of whole numbers"));
+    }
+  }
+  SECTION("a map too short for the data is an error when it loads, naming the dataset") {
+    auto short_map = parse(head + "[datasets.train]\nkind = \"synthetic\"\nclasses = 4\nlabel_map = [0, 1]\n[datasets.val]\n"
+                                  "kind = \"synthetic\"\n" + stage);
+    auto loaded = short_map.dataset("train");
+    REQUIRE_FALSE(loaded);
+    CHECK_THAT(loaded.error().to_string(), Catch::Contains("dataset \"train\"") && Catch::Contains("has class 3, which the map's 2 entries do not cover"));
+  }
+}

@@ -197,6 +197,25 @@ Expected<Dataset> synthetic(const SyntheticOptions& options);
 /// dataset and its size.
 Expected<Dataset> slice(const Dataset& dataset, std::int64_t offset, std::int64_t limit = 0);
 
+/// The dataset with each sample of class `c` relabelled `map[c]`, and the samples of a class
+/// mapped to -1 left out (the others keep their order). One call makes a coarser task, a task on
+/// some of the classes, or both:
+///
+/// ```cpp
+/// auto train = baton::data::fashion_mnist(baton::Split::train);
+/// // tops (T-shirt, pullover, dress, coat, shirt), trouser, footwear (sandal, sneaker, ankle boot), bag
+/// auto coarse = baton::data::map_labels(*train, {0, 1, 0, 0, 0, 2, 0, 2, 3, 2});
+/// // classes 5-9 only, as a 5-way task
+/// auto upper = baton::data::map_labels(*train, {-1, -1, -1, -1, -1, 0, 1, 2, 3, 4});
+/// ```
+///
+/// In a curriculum: `label_map = [...]` on any dataset table, applied before `offset`, `limit`
+/// and `holdout`. Errors: targets that are not class indices, a class the map does not cover (its
+/// label and the map's length), a value below -1, a map that leaves no sample. A lazy dataset is
+/// relabelled as its batches are made; leaving classes out of one needs every sample's label,
+/// so it is an error there (`materialize` it first).
+Expected<Dataset> map_labels(const Dataset& dataset, const std::vector<std::int64_t>& map);
+
 /// Options of `data::hold_out` (in a curriculum: `holdout = { fraction, seed, part }` on any dataset).
 struct HoldOutOptions {
   double fraction = 0.1;   ///< share of the samples in the held-out part, in (0, 1)

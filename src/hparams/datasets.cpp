@@ -14,10 +14,11 @@ namespace baton::detail {
 namespace {
 
 /// The keys every dataset kind takes besides its own.
-const std::vector<std::string> kSelectionKeys = {"offset", "limit", "holdout"};
+const std::vector<std::string> kSelectionKeys = {"label_map", "offset", "limit", "holdout"};
 const std::vector<std::string> kHoldoutKeys = {"fraction", "seed", "part"};
 
 struct Selection {
+  std::vector<std::int64_t> label_map;  // empty: labels as they are
   std::int64_t offset = 0;
   std::int64_t limit = 0;  // 0: to the end
   std::optional<data::HoldOutOptions> holdout;
@@ -34,6 +35,20 @@ Selection read_selection(const toml::table& t, const std::string& path, Problems
   Reader r{p, path + "."};
   if (auto v = r.integer(t.get("offset"), "offset", 0)) s.offset = *v;
   if (auto v = r.integer(t.get("limit"), "limit", 0)) s.limit = *v;
+  if (const auto* node = t.get("label_map")) {
+    const auto* a = node->as_array();
+    bool ok = a && !a->empty();
+    for (std::size_t i = 0; ok && i < a->size(); ++i) {
+      const auto v = a->get(i)->value<std::int64_t>();
+      ok = v.has_value() && a->get(i)->is_integer() && *v >= -1;
+      if (ok) s.label_map.push_back(*v);
+    }
+    if (!ok) {
+      s.label_map.clear();
+      p.add(node, fmt::format("{}.label_map: expected a list of whole numbers, the new class of each class in order "
+                              "(-1 leaves a class out), e.g. [0, 1, 0, 0, 0, 2, 0, 2, 3, 2]", path));
+    }
+  }
   const auto* node = t.get("holdout");
   if (!node) return s;
   const auto* h = node->as_table();
@@ -60,7 +75,9 @@ Selection read_selection(const toml::table& t, const std::string& path, Problems
 }
 
 Expected<Dataset> apply_selection(const Dataset& ds, const Selection& s) {
-  auto range = data::slice(ds, s.offset, s.limit);
+  Expected<Dataset> mapped = s.label_map.empty() ? Expected<Dataset>(ds) : data::map_labels(ds, s.label_map);
+  if (!mapped) return mapped;
+  auto range = data::slice(*mapped, s.offset, s.limit);
   if (!range || !s.holdout) return range;
   auto parts = data::hold_out(*range, *s.holdout);
   if (!parts) return tl::unexpected(parts.error());
@@ -71,7 +88,7 @@ Expected<Dataset> apply_selection(const Dataset& ds, const Selection& s) {
 /// disjoint only when they split the same range: a "train" and a "val" part over different
 /// offset / limit may share samples, a leak from training into validation that nothing would show.
 void check_holdout_ranges(const toml::table& datasets, Problems& p) {
-  struct Part { std::string name; std::int64_t offset, limit; bool val; const toml::node* at; };
+  struct Part { std::string name; std::int64_t offset, limit; std::vector<std::int64_t> map; bool val; const toml::node* at; };
   std::map<std::string, std::vector<Part>> groups;
   for (auto&& [name, node] : datasets) {
     const auto* t = node.as_table();
@@ -83,7 +100,7 @@ void check_holdout_ranges(const toml::table& datasets, Problems& p) {
     for (const auto& k : kSelectionKeys) source.erase(k);
     std::ostringstream key;
     key << source << '|' << s.holdout->fraction << '|' << s.holdout->seed;
-    groups[key.str()].push_back({std::string(name.str()), s.offset, s.limit, s.val, t});
+    groups[key.str()].push_back({std::string(name.str()), s.offset, s.limit, s.label_map, s.val, t});
   }
   auto range = [](const Part& x) {
     return x.limit == 0 ? fmt::format("[{}, end)", x.offset) : fmt::format("[{}, {})", x.offset, x.offset + x.limit);
@@ -96,6 +113,11 @@ void check_holdout_ranges(const toml::table& datasets, Problems& p) {
                                   "ranges of the same data ({} and {}), so they may share samples; give both the same "
                                   "offset and limit",
                                   b.name, a.name, range(b), range(a)));
+        else if (!a.val && b.val && a.map != b.map)
+          p.add(b.at, fmt::format("datasets.{} (holdout part \"val\") and datasets.{} (part \"train\") split the same "
+                                  "data with different label maps, so they may share samples; give both the same "
+                                  "label_map (a map is applied before holding out)",
+                                  b.name, a.name));
 }
 
 }  // namespace
