@@ -36,6 +36,7 @@ std::size_t open_record(TrainState& s, const std::string& stage, std::optional<T
 }
 
 void Observers::begin_batch(const Timestamp& t, std::int64_t take) {
+  if (!attached_) return;  // no callback to read it
   span_ = BatchSpan{t, t, course_.n};
   advance(span_.after, take);
   roll_epoch(span_.after, course_.n, course_.batch_size, course_.drop_last);
