@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include "detail.hpp"
@@ -18,6 +19,8 @@ bool matches(const std::string& pattern, const std::string& name) {
 }
 
 namespace {
+constexpr std::string_view kByRequest = "(initialized anew by request)";
+
 /// FNV-1a: a stable hash of the stage name for seeds (the same on every platform).
 std::uint64_t stable_hash(std::string_view s) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
@@ -47,7 +50,7 @@ void transfer_tensors(const torch::OrderedDict<std::string, torch::Tensor>& from
   for (const auto& item : to) {
     const auto* src = from.find(item.key());
     if (src != nullptr && std::any_of(fresh.begin(), fresh.end(), [&](const auto& p) { return matches(p, item.key()); })) {
-      report.skipped.push_back(fmt::format("{} (initialized anew by request)", item.key()));
+      report.skipped.push_back(fmt::format("{} {}", item.key(), kByRequest));
       report.initialized.push_back(item.key());
     } else if (src == nullptr) {
       report.initialized.push_back(item.key());
@@ -73,6 +76,34 @@ TransferReport transfer_weights(const torch::nn::Module& from, torch::nn::Module
   transfer_tensors(from.named_parameters(), to.named_parameters(), fresh, r, copied_params);
   transfer_tensors(from.named_buffers(), to.named_buffers(), fresh, r, nullptr);
   return r;
+}
+
+namespace {
+std::string brief_parameter_list(const torch::nn::Module& m) {
+  std::vector<std::string> names;
+  for (const auto& p : m.named_parameters()) names.push_back(fmt::format("{} {}", p.key(), shape_string(p.value())));
+  constexpr std::size_t kShown = 4;
+  std::string out = fmt::format("{}", fmt::join(names.begin(), names.begin() + std::min(names.size(), kShown), ", "));
+  if (names.size() > kShown) out += fmt::format(", ... ({} in all)", names.size());
+  return names.empty() ? std::string("no parameters") : out;
+}
+}  // namespace
+
+std::string transfer_took_nothing(const torch::nn::Module& from, const torch::nn::Module& to, const TransferReport& r) {
+  if (!r.copied.empty() || r.initialized.empty()) return {};
+  for (const auto& s : r.skipped)
+    if (s.find(kByRequest) != std::string::npos) return {};
+  return fmt::format("the transfer takes nothing: no parameter or buffer of the new model has a name and shape of the "
+                     "model before it (before: {}; new: {}). A transfer keeps the weights whose names and shapes "
+                     "match: name the new model's trunk as the old one does, or build it all anew (carry = "
+                     "\"reinitialize\"; in C++, ModelCarry::reinitialize)",
+                     brief_parameter_list(from), brief_parameter_list(to));
+}
+
+const ModelFactory& factory_after(const std::vector<TrainingSpec>& stages, std::size_t index, const ModelFactory& initial) {
+  for (std::size_t i = std::min(index + 1, stages.size()); i-- > 0;)
+    if (stages[i].model.kind != ModelCarry::Kind::keep && stages[i].model.factory) return stages[i].model.factory;
+  return initial;
 }
 
 }  // namespace baton::detail

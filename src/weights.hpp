@@ -12,6 +12,7 @@
 
 #include "baton/error.hpp"
 #include "baton/model.hpp"
+#include "baton/spec.hpp"
 #include "baton/state.hpp"
 
 namespace baton::detail {
@@ -25,6 +26,17 @@ Model build_model(const ModelFactory& factory, std::uint64_t seed, std::string_v
 /// initialized; `copied_params` gets the names of the parameters copied.
 TransferReport transfer_weights(const torch::nn::Module& from, torch::nn::Module& to, const std::vector<std::string>& fresh,
                                 std::vector<std::string>* copied_params = nullptr);
+
+/// Why a transfer that made `r` took nothing: no parameter or buffer of the new model has a name
+/// and shape of the old one's, and none was left fresh by request (names of each listed); "" when
+/// it took something. A transfer of nothing is a model built anew by mistake: its trunk is named
+/// differently.
+std::string transfer_took_nothing(const torch::nn::Module& from, const torch::nn::Module& to, const TransferReport& r);
+
+/// The model factory a state has after (and while training) `stages[index]`: the last stage up to
+/// it that builds a model of its own (`ModelCarry` reinitialize or transfer with a factory), else
+/// `initial`. Checkpoints load with it.
+const ModelFactory& factory_after(const std::vector<TrainingSpec>& stages, std::size_t index, const ModelFactory& initial);
 
 /// A copy of `s` holding the parameters and buffers `s.algorithm_state[which]` keeps in place of
 /// its own; an error naming `which` when the state keeps none or they do not fit the model

@@ -6,6 +6,8 @@
 
 #include <baton/testing_catch.hpp>
 
+#include <fmt/format.h>
+
 #include "helpers.hpp"
 
 namespace bt = baton::testing;

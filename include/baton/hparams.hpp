@@ -136,6 +136,11 @@ class Curriculum {
   [[nodiscard]] Expected<Dataset> dataset(const std::string& name) const;
   /// The model factory (the bound one, or the file's from the registry).
   [[nodiscard]] Expected<ModelFactory> model() const;
+  /// The model a state has after (and while training) stage `stage`: that of the last stage up
+  /// to it with a model of its own (`[stages.model]` with `name` or the model's keys), else
+  /// `model()`. A name no stage has: the model the run ends with. Load a checkpoint with it
+  /// (`load_checkpoint(path, *cur.model(info->stage))`).
+  [[nodiscard]] Expected<ModelFactory> model(const std::string& stage) const;
   /// Every stage built, in order (the first error stops it, naming the stage).
   [[nodiscard]] Expected<std::vector<TrainingSpec>> specs() const;
   /// The run directory as `[run]` says: `dir` (run_dir), `name`, `checkpoint_every`,
@@ -157,9 +162,10 @@ class Curriculum {
   /// What a model trained by this file is and expects, for an inference artifact
   /// (`save_for_inference`): the `[model]` name and keys, the input as the dataset `dataset`
   /// gives it (its sample shape; images: the scaling, normalization; CSV: the feature columns)
-  /// and, for Fashion-MNIST, the class names. Loads the dataset. With a model bound by
-  /// `with_model`, `model` is "" (load it with your factory).
-  [[nodiscard]] Expected<ModelCard> model_card(const std::string& dataset) const;
+  /// and, for Fashion-MNIST, the class names. Loads the dataset. The model is the one after
+  /// stage `stage` (as `model(stage)`; by default the one the run ends with). With a model bound
+  /// by `with_model` (and no stage's own), `model` is "" (load it with your factory).
+  [[nodiscard]] Expected<ModelCard> model_card(const std::string& dataset, const std::string& stage = {}) const;
   /// Builds every stage and plan, reporting every problem of every stage at once (and stages
   /// whose duration exceeds the run's max duration).
   [[nodiscard]] Expected<void> validate() const;

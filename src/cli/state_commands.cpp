@@ -74,8 +74,15 @@ Expected<Curriculum> run_config(const std::string& state_path, std::string confi
   return cur;
 }
 
+/// The stage a state was written in ("" when its header cannot be read: load_checkpoint says why).
+std::string stage_of(const std::string& state_path) {
+  auto info = read_checkpoint_info(state_path);
+  return info ? info->stage : std::string();
+}
+
+/// A state with the model of the stage that wrote it (a stage may have built one of its own).
 Expected<TrainState> saved_state(const Curriculum& cur, const std::string& state_path) {
-  return cur.model().and_then([&](const ModelFactory& f) { return load_checkpoint(state_path, f); });
+  return cur.model(stage_of(state_path)).and_then([&](const ModelFactory& f) { return load_checkpoint(state_path, f); });
 }
 }  // namespace
 
@@ -147,7 +154,7 @@ int inspect(const std::string& path) {
   return exit_ok;
 }
 namespace {
-/// The card of `--inference`: from the config's [model] and the dataset's inputs, with where the
+/// The card of `--inference`: from the model of the state's stage and the dataset's inputs, with where the
 /// weights came from.
 Expected<ModelCard> card_for(const ExportArgs& a, const Curriculum& cur) {
   std::string data = a.data;
@@ -157,10 +164,10 @@ Expected<ModelCard> card_for(const ExportArgs& a, const Curriculum& cur) {
     if (!spec) return tl::unexpected(spec.error());
     data = spec->data.train.name;
   }
-  auto card = cur.model_card(data);
-  if (!card) return tl::unexpected(card.error().with_context("--data " + data));
   auto info = read_checkpoint_info(a.state);
   if (!info) return tl::unexpected(info.error());
+  auto card = cur.model_card(data, info->stage);
+  if (!card) return tl::unexpected(card.error().with_context("--data " + data));
   card->weights = a.weights;
   if (!a.classes.empty()) card->classes = a.classes;
   card->origin = fmt::format("{} (run \"{}\", stage \"{}\", {}; params_sha256 {})", a.state, info->meta.run_name, info->stage,

@@ -245,19 +245,35 @@ void read_callbacks(const Impl& b, Reader& r, TrainingSpec& spec) {
   }
 }
 
-/// model carry-over: "keep" | "reinitialize" | "transfer" | {carry = ..., fresh = [...]}
+/// model carry-over: "keep" | "reinitialize" | "transfer" | {carry = ..., fresh = [...]}, and
+/// in the table, a model of the stage's own (`name` and the model's keys; models.cpp).
 void read_model_carry(const Impl& b, Reader& r, TrainingSpec& spec) {
   const auto* n = b.get("model");
   if (!n) return;
   const std::vector<std::pair<std::string, ModelCarry::Kind>> kinds = {
       {"keep", ModelCarry::Kind::keep}, {"reinitialize", ModelCarry::Kind::reinitialize}, {"transfer", ModelCarry::Kind::transfer}};
-  if (const auto* t = n->as_table()) {
-    detail::check_keys(*t, {"carry", "fresh"}, r.path + "model", r.p);
-    if (auto k = r.one_of(t->get("carry"), "model.carry", kinds)) spec.model.kind = *k;
-    if (auto f = r.strings(t->get("fresh"), "model.fresh")) spec.model.fresh = *f;
-  } else if (auto k = r.one_of(n, "model", kinds)) {
-    spec.model.kind = *k;
+  const auto* t = n->as_table();
+  if (!t) {
+    if (auto k = r.one_of(n, "model", kinds)) spec.model.kind = *k;
+    return;
   }
+  if (auto k = r.one_of(t->get("carry"), "model.carry", kinds)) spec.model.kind = *k;
+  if (auto f = r.strings(t->get("fresh"), "model.fresh")) spec.model.fresh = *f;
+  const auto own = detail::stage_model_table(*b.doc, n, b.name(), r.p);
+  if (!own) {
+    detail::check_keys(*t, {"carry", "fresh", "name"}, r.path + "model", r.p);
+    return;
+  }
+  if (!t->get("carry") || spec.model.kind == ModelCarry::Kind::keep) {
+    r.p.add(t->get("carry") ? t->get("carry") : t,
+            fmt::format("{}model: a model of the stage's own (\"{}\") needs carry = \"transfer\" (it takes the weights "
+                        "whose names and shapes match, e.g. a trunk under a new head) or carry = \"reinitialize\" (all anew)",
+                        r.path, own->name));
+    return;
+  }
+  auto made = detail::make_model(*b.doc, *own);
+  if (made) spec.model.factory = std::move(*made);
+  else r.p.add(t, fmt::format("{}model \"{}\": {}", r.path, own->name, made.error().message));
 }
 
 /// optimizer.groups = [{patterns = [...], lr = ..., weight_decay = ...}, ...]

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <list>
 #include <map>
 #include <set>
 #include <sstream>
@@ -59,32 +60,56 @@ Expected<Dataset> Curriculum::dataset(const std::string& name) const {
 
 Expected<ModelFactory> Curriculum::model() const {
   if (impl_->model) return *impl_->model;
-  const auto& root = impl_->doc->root;
-  const auto* t = root["model"].as_table();
-  if (!t) return fail(ErrorCode::invalid_spec, fmt::format("{}: no [model] table and no model bound with with_model()", impl_->doc->source));
-  const auto name = (*t)["name"].value<std::string>().value_or("");
-  Problems p{impl_->doc->source, {}};
-  const Params params = detail::to_params(*t, {"name", "init_from"}, "model", p);
+  const auto& doc = *impl_->doc;
+  Problems p{doc.source, {}};
+  const auto m = detail::run_model_table(doc, p);
   if (!p.empty()) return tl::unexpected(p.error());
-  const auto it = impl_->doc->registry.models.find(name);
-  if (it == impl_->doc->registry.models.end())
-    return fail(ErrorCode::invalid_spec, fmt::format("{}: unknown model \"{}\"", impl_->doc->source, name));
-  auto made = it->second.make(params);
-  if (!made) return tl::unexpected(made.error().with_context(fmt::format("{}: model \"{}\"", impl_->doc->source, name)));
+  if (!m) return fail(ErrorCode::invalid_spec, fmt::format("{}: no [model] table and no model bound with with_model()", doc.source));
+  auto made = detail::make_model(doc, *m);
+  if (!made) return tl::unexpected(made.error().with_context(fmt::format("{}: model \"{}\"", doc.source, m->name)));
   return made;
 }
 
-Expected<ModelCard> Curriculum::model_card(const std::string& name) const {
+namespace {
+/// The model table of the last stage up to `stage` (all of them: "" or a name no stage has) that
+/// names a model of its own.
+Expected<std::optional<detail::ModelTable>> own_model_upto(const Curriculum::Impl& impl, const std::string& stage) {
+  Problems p{impl.doc->source, {}};
+  std::optional<detail::ModelTable> own;
+  for (const auto& s : impl.stages) {
+    if (auto m = detail::stage_model_table(*impl.doc, s.impl()->get("model"), s.name(), p)) own = std::move(m);
+    if (s.name() == stage) break;
+  }
+  if (!p.empty()) return tl::unexpected(p.error());
+  return own;
+}
+}  // namespace
+
+Expected<ModelFactory> Curriculum::model(const std::string& stage) const {
+  auto own = own_model_upto(*impl_, stage);
+  if (!own) return tl::unexpected(own.error());
+  if (!*own) return model();
+  auto made = detail::make_model(*impl_->doc, **own);
+  if (!made) return tl::unexpected(made.error().with_context(fmt::format("{}: {}", impl_->doc->source, (*own)->where)));
+  return made;
+}
+
+Expected<ModelCard> Curriculum::model_card(const std::string& name, const std::string& stage) const {
   auto ds = dataset(name);
   if (!ds) return tl::unexpected(ds.error());
+  auto own = own_model_upto(*impl_, stage);
+  if (!own) return tl::unexpected(own.error());
   const auto& root = impl_->doc->root;
   ModelCard card;
-  if (const auto* t = root["model"].as_table(); t && !impl_->model) {
-    Problems p{impl_->doc->source, {}};
-    card.model = (*t)["name"].value<std::string>().value_or("");
-    card.options = detail::to_params(*t, {"name", "init_from"}, "model", p);
-    if (!p.empty()) return tl::unexpected(p.error());
+  Problems p{impl_->doc->source, {}};
+  if (*own) {
+    card.model = (*own)->name;
+    card.options = (*own)->params;
+  } else if (auto m = detail::run_model_table(*impl_->doc, p); m && !impl_->model) {
+    card.model = m->name;
+    card.options = m->params;
   }
+  if (!p.empty()) return tl::unexpected(p.error());
   card.input_shape = ds->input_shape();
   // Bound datasets and other kinds: features, taken as they are.
   const auto* d = root["datasets"][name].as_table();
@@ -149,28 +174,41 @@ Expected<TrainState> Curriculum::init(TransferReport* report) const {
 namespace {
 /// The parameters a stage's patterns (freeze, optimizer groups) are checked against: one instance of
 /// each model the curriculum trains, built once (an instance costs its weights' initialisation).
+/// Stages are seen in order: a stage with a model of its own changes the model of those after it.
 class ModelsSeen {
  public:
   ModelsSeen(Expected<ModelFactory> base, std::uint64_t seed) : base_(std::move(base)), seed_(seed) {}
-  /// The stage's model (its own factory if it replaces the model), or null where none can be built
-  /// (that problem is reported elsewhere).
-  const Model* of(const TrainingSpec& spec, Problems& all) {
-    const bool own = static_cast<bool>(spec.model.factory);
-    if (!own && !base_) return nullptr;
-    auto [it, fresh] = built_.try_emplace(own ? spec.name : std::string());
-    if (fresh) {
-      const ModelFactory& f = own ? spec.model.factory : *base_;
-      auto m = detail::guard([&]() -> Expected<Model> { return detail::build_model(f, seed_, spec.name); });
-      if (!m) all.list.push_back(fmt::format("{}: stage \"{}\": building the model failed: {}", all.source, spec.name, m.error().message));
-      it->second = m ? std::optional<Model>(std::move(*m)) : std::nullopt;
+  /// The stage's model (its own if it builds one, else the one before), or null where none can be
+  /// built (that problem is reported elsewhere). `before` gets the model before the stage.
+  const Model* of(const TrainingSpec& spec, Problems& all, const Model** before = nullptr) {
+    const Model* previous = current_ ? &*current_ : nullptr;
+    if (before) *before = previous;
+    if (first_) {
+      first_ = false;
+      if (base_) current_ = build(*base_, spec.name, all);
     }
-    return it->second ? &*it->second : nullptr;
+    if (spec.model.kind != ModelCarry::Kind::keep && spec.model.factory) {
+      if (current_) kept_.push_back(std::move(*current_));  // `before` points into it
+      current_ = build(spec.model.factory, spec.name, all);
+      if (before) *before = kept_.empty() ? nullptr : &kept_.back();
+    } else if (before) {
+      *before = current_ ? &*current_ : nullptr;
+    }
+    return current_ ? &*current_ : nullptr;
   }
 
  private:
+  std::optional<Model> build(const ModelFactory& f, const std::string& stage, Problems& all) const {
+    auto m = detail::guard([&]() -> Expected<Model> { return detail::build_model(f, seed_, stage); });
+    if (!m) all.list.push_back(fmt::format("{}: stage \"{}\": building the model failed: {}", all.source, stage, m.error().message));
+    return m ? std::optional<Model>(std::move(*m)) : std::nullopt;
+  }
+
   Expected<ModelFactory> base_;
   std::uint64_t seed_;
-  std::map<std::string, std::optional<Model>> built_;  // "": the curriculum's model
+  bool first_ = true;
+  std::optional<Model> current_;
+  std::list<Model> kept_;  // models of earlier stages, for `before` (a list: pointers stay valid)
 };
 
 /// Why the stage's model cannot train on or be evaluated on its data, found by one forward pass
@@ -224,9 +262,18 @@ void check_stages(const Curriculum& cur, Problems& all) {
       detail::add_unique(all.list, detail::problem_lines(spec.error()));
       continue;
     }
-    if (const auto* m = models.of(*spec, all))
+    const Model* before = nullptr;
+    if (const auto* m = models.of(*spec, all, &before)) {
+      // A transfer to a model of the stage's own that would take nothing: found now, not after
+      // the stages before it trained.
+      if (before && spec->model.kind == ModelCarry::Kind::transfer && spec->model.factory && !spec->model.source)
+        if (const auto why = detail::transfer_took_nothing(*before->module, *m->module,
+                                                           detail::transfer_weights(*before->module, *m->module, spec->model.fresh));
+            !why.empty())
+          all.add(stage.impl()->get("model"), fmt::format("stage \"{}\": model: {}", spec->name, why));
       for (auto problem : {detail::pattern_problem(*spec, *m->module), data_problem(*spec, *m)})
         if (problem) all.list.push_back(fmt::format("{}: stage \"{}\": {}", all.source, spec->name, *problem));
+    }
     // A stage longer than the whole run can never be trained as written.
     const auto n = spec->data.train.size(), bs = spec->data.batch_size;
     auto batches = [&](Time t) { return detail::batches_in(t, run.max_duration, n, bs, spec->data.drop_last); };

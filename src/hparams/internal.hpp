@@ -215,6 +215,23 @@ struct InitFrom {
 };
 std::optional<InitFrom> read_init_from(const Document& doc, Problems& p);
 
+/// A model as a file names it (models.cpp): the registry's name and its keys, and where.
+struct ModelTable {
+  std::string name;
+  Params params;
+  const toml::node* at = nullptr;  ///< the table, for messages
+  std::string where;               ///< "model" or "stage \"ft\": model"
+};
+/// The run's [model] table; none without one.
+std::optional<ModelTable> run_model_table(const Document& doc, Problems& p);
+/// A stage's own model: its `model` table's `name` and model keys (over [model]'s keys when it
+/// is the same model, so `classes = 5` alone is [model] with a new head), its keys checked
+/// against the registry; none when the table has only carry keys (or `model` is a string).
+std::optional<ModelTable> stage_model_table(const Document& doc, const toml::node* model, const std::string& stage,
+                                            Problems& p);
+/// The factory the registry makes of `m` (its error without context: the caller says where).
+Expected<ModelFactory> make_model(const Document& doc, const ModelTable& m);
+
 /// A stage's evaluation (evaluation.cpp): its eval table as a plan (the loss is the caller's to
 /// set), and the keys that watch one of its metrics, each checked against what it gives.
 EvalPlan parse_eval(const SpecBuilder::Impl& b, Problems& p);

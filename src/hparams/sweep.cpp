@@ -17,6 +17,7 @@
 #include "detail.hpp"
 #include "io.hpp"
 #include "internal.hpp"
+#include "weights.hpp"
 
 namespace baton {
 namespace {
@@ -129,7 +130,9 @@ Expected<bool> train_node(const Plan& p, std::size_t level, const SweepOptions& 
   auto factory = p.cur.model();
   if (!factory) return tl::unexpected(factory.error());
   const fs::path parent = level == 0 ? fs::path() : node_dir(o, p, level - 1);
-  auto initial = level == 0 ? p.cur.init() : load_checkpoint(parent / "final.baton", *factory);
+  // The parent's model: a stage before may have built one of its own (a new head).
+  auto initial = level == 0 ? p.cur.init()
+                            : load_checkpoint(parent / "final.baton", detail::factory_after(p.specs, level - 1, *factory));
   if (!initial) return context(initial.error());
   RunOptions ro = p.cur.run_options();
   ro.dir = node;

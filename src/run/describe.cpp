@@ -249,9 +249,7 @@ std::string keys_text(const Params& params) {
 
 /// The model the run ends with: the last stage's that builds a new one, else the initial state's.
 const ModelFactory& final_factory(const std::vector<TrainingSpec>& stages, const TrainState& initial) {
-  for (auto it = stages.rbegin(); it != stages.rend(); ++it)
-    if (it->model.kind != ModelCarry::Kind::keep && it->model.factory) return it->model.factory;
-  return initial.factory;
+  return stages.empty() ? initial.factory : detail::factory_after(stages, stages.size() - 1, initial.factory);
 }
 
 /// The run's datasets by the names the tools take (a stage's training data by its Dataset::name,

@@ -11,6 +11,7 @@
 
 #include "baton/checkpoint.hpp"
 #include "run/internal.hpp"
+#include "weights.hpp"
 
 namespace baton::detail {
 namespace fs = std::filesystem;
@@ -140,7 +141,9 @@ Expected<std::optional<Resume>> find_resume(const fs::path& dir, const ResumeChe
                                      path.filename().string(), changes);
       }
     }
-    auto state = load_checkpoint(path, factory);
+    // The model of the checkpoint's stage: a stage may have built one of its own (a new head).
+    const auto stage = static_cast<std::size_t>(std::max<std::int64_t>(0, info->meta.stage_index));
+    auto state = load_checkpoint(path, check.stages ? factory_after(*check.stages, stage, factory) : factory);
     if (!state) {
       fmt::print(stderr, "baton: skipping checkpoint {}: {}\n", path.string(), state.error().message);
       continue;

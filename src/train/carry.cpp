@@ -54,6 +54,8 @@ std::optional<TransferReport> begin_stage(const TrainingSpec& spec, TrainState& 
       const torch::nn::Module& source = spec.model.source ? *spec.model.source->model.module : *s.model.module;
       std::vector<std::string> copied_params;
       TransferReport r = transfer_weights(source, *fresh.module, spec.model.fresh, &copied_params);
+      if (const auto why = transfer_took_nothing(source, *fresh.module, r); !why.empty())
+        raise(ErrorCode::invalid_spec, fmt::format("stage \"{}\": model: {}", spec.name, why));
       fresh.module->train(true);
       // Moments continue (with Carry::keep) only for weights copied from the incoming state.
       OptimizerState kept;
