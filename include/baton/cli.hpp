@@ -15,18 +15,15 @@
 ///
 /// Exit codes: 0 success; 1 training failed (non-finite loss, LibTorch error); 2 invalid input
 /// (command line, config, data or checkpoint files); 3 interrupted (a checkpoint was written).
+/// The constants are in exit_codes.hpp.
 ///
 /// Every command but `launch` ignores SIGXFSZ in its process: a write past the file-size limit
 /// (`ulimit -f`) is then an error that says so (exit 2, as a full disk), not a silent death.
 
+#include "baton/exit_codes.hpp"
 #include "baton/hparams.hpp"
 
 namespace baton::cli {
-
-inline constexpr int exit_ok = 0;
-inline constexpr int exit_training_failed = 1;
-inline constexpr int exit_invalid_input = 2;
-inline constexpr int exit_interrupted = 3;
 
 /// Runs `baton run|sweep|validate|eval|inspect|export|predict|pack|report|launch` (and `--help`,
 /// `--version`) with `argv`, as the `baton` program does: it first re-executes the program once

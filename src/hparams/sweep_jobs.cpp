@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "baton/cli.hpp"
+#include "baton/exit_codes.hpp"  // what a node's exit status means
 #include "baton/runtime.hpp"
 #include "baton/sweep.hpp"
 #include "internal.hpp"
