@@ -1,6 +1,7 @@
 // Model summary (summary.hpp): one forward pass of a zero sample through a copy of the model,
 // module by module for a Sequential, with parameter counts and FLOPs by layer type.
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,6 +13,7 @@
 
 #include "baton/summary.hpp"
 #include "detail.hpp"
+#include "weights.hpp"
 
 namespace baton {
 namespace {
@@ -145,9 +147,19 @@ Expected<ModelSummary> summarize(const TrainState& state, const std::vector<std:
     }
     if (!out) return tl::unexpected(out.error());
     s.output = per_sample(*out);
-    for (const auto& spec : stages) {
+    // A stage that builds a model of its own (a new head) counts that model's parameters.
+    std::map<const ModelFactory*, Model> own;
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      const auto& spec = stages[i];
+      const ModelFactory& f = detail::factory_after(stages, i, state.factory);
+      const torch::nn::Module* model = &m;
+      if (&f != &state.factory) {
+        auto it = own.find(&f);
+        if (it == own.end()) it = own.emplace(&f, detail::build_model(f, state.seed, spec.name)).first;
+        model = it->second.module.get();
+      }
       ModelSummary::Stage st{spec.name, 0, 0};
-      for (const auto& p : m.named_parameters()) {
+      for (const auto& p : model->named_parameters()) {
         const bool frozen = !p.value().requires_grad() ||
                             std::any_of(spec.freeze.begin(), spec.freeze.end(), [&](const auto& f) { return detail::matches(f, p.key()); });
         (frozen ? st.frozen : st.trainable) += p.value().numel();

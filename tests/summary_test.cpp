@@ -62,6 +62,22 @@ TEST_CASE("summarize: a Sequential's modules, output shapes, parameters and FLOP
   CHECK(state.model.module->is_training());
 }
 
+TEST_CASE("summarize: a stage with a model of its own counts that model's parameters, and those after it too", "[summary]") {
+  const auto five = baton::models::small_cnn({.channels1 = 4, .channels2 = 8, .hidden = 16, .classes = 5});
+  const auto ten = baton::models::small_cnn({.channels1 = 4, .channels2 = 8, .hidden = 16, .classes = 10});
+  const auto state = test::ok(baton::init_state(five, {.seed = 3}));
+  baton::TrainingSpec pre, head, more;
+  pre.name = "pretrain";
+  head.name = "ten-way";
+  head.model = baton::ModelCarry::transfer(ten);
+  more.name = "more";
+  const auto s = test::ok(baton::summarize(state, {1, 28, 28}, {pre, head, more}));
+  REQUIRE(s.stages.size() == 3);
+  CHECK(s.stages[0].trainable == s.params);
+  CHECK(s.stages[1].trainable == s.params + 5 * 16 + 5);  // 5 more outputs: 5 rows of 16 weights and 5 biases
+  CHECK(s.stages[2].trainable == s.stages[1].trainable);
+}
+
 TEST_CASE("summarize: another model gets its children and output, no FLOPs, and a wrong shape names the module", "[summary]") {
   auto state = test::ok(baton::init_state(baton::model_factory([] { return std::make_shared<TwoHeads>(); }), {.seed = 1}));
   const auto s = baton::summarize(state, {6});

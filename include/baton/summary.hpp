@@ -50,7 +50,8 @@ struct ModelSummary {
 };
 
 /// The summary of `state`'s model for samples of shape `sample` (no batch dimension, e.g. {1, 28,
-/// 28}), with trainable/frozen counts for each of `stages`. Runs one forward pass of a batch of
+/// 28}), with trainable/frozen counts for each of `stages` (of the model each stage trains: from a
+/// stage with a model of its own, `ModelCarry` with a factory, that one). Runs one forward pass of a batch of
 /// one zero sample on a copy of the state (in eval mode, without gradients): `state` is not
 /// changed. Errors: a forward pass that fails on that shape (shape_mismatch, naming the module).
 Expected<ModelSummary> summarize(const TrainState& state, const std::vector<std::int64_t>& sample,

@@ -150,8 +150,8 @@ int run(const RunArgs& a, const Registry& registry) {
   auto initial = cur->init(&taken);
   if (!initial) return report(initial.error());
   if (!taken.copied.empty() || !taken.skipped.empty()) fmt::print("model.init_from: {}\n", taken.to_string());
-  fmt::print("run \"{}\": {} stages, max duration {}, run directory {}\n", cur->run().name, cur->stages().size(),
-             cur->run().max_duration.to_string(), options.dir.string());
+  fmt::print("run \"{}\": {} stage{}, max duration {}, run directory {}\n", cur->run().name, cur->stages().size(),
+             cur->stages().size() == 1 ? "" : "s", cur->run().max_duration.to_string(), options.dir.string());
   print_summary(*initial, *specs);
   const auto started = std::chrono::steady_clock::now();
   auto result = baton::run(options, *specs, std::move(*initial));
@@ -246,8 +246,9 @@ int validate(const std::string& file, const std::vector<std::string>& sets, cons
       if (spec.precision == Precision::bf16 && spec.device.is_cpu())
         if (auto warning = bf16_cpu_warning())
           fmt::print(stderr, "{}: warning: stage \"{}\" trains in bf16, but {}\n", file, spec.name, *warning);
-  fmt::print("{}: valid: run \"{}\", {} stages, max duration {}, fingerprint {}\n", file, cur->run().name,
-             cur->stages().size(), cur->run().max_duration.to_string(), cur->fingerprint().substr(0, 16));
+  fmt::print("{}: valid: run \"{}\", {} stage{}, max duration {}, fingerprint {}\n", file, cur->run().name,
+             cur->stages().size(), cur->stages().size() == 1 ? "" : "s", cur->run().max_duration.to_string(),
+             cur->fingerprint().substr(0, 16));
   return exit_ok;
 }
 
