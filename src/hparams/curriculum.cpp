@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <list>
 #include <map>
 #include <set>
 #include <sstream>
@@ -171,128 +170,6 @@ Expected<TrainState> Curriculum::init(TransferReport* report) const {
   return std::move(loaded->first);
 }
 
-namespace {
-/// The parameters a stage's patterns (freeze, optimizer groups) are checked against: one instance of
-/// each model the curriculum trains, built once (an instance costs its weights' initialisation).
-/// Stages are seen in order: a stage with a model of its own changes the model of those after it.
-class ModelsSeen {
- public:
-  ModelsSeen(Expected<ModelFactory> base, std::uint64_t seed) : base_(std::move(base)), seed_(seed) {}
-  /// The stage's model (its own if it builds one, else the one before), or null where none can be
-  /// built (that problem is reported elsewhere). `before` gets the model before the stage.
-  const Model* of(const TrainingSpec& spec, Problems& all, const Model** before = nullptr) {
-    const Model* previous = current_ ? &*current_ : nullptr;
-    if (before) *before = previous;
-    if (first_) {
-      first_ = false;
-      if (base_) current_ = build(*base_, spec.name, all);
-    }
-    if (spec.model.kind != ModelCarry::Kind::keep && spec.model.factory) {
-      if (current_) kept_.push_back(std::move(*current_));  // `before` points into it
-      current_ = build(spec.model.factory, spec.name, all);
-      if (before) *before = kept_.empty() ? nullptr : &kept_.back();
-    } else if (before) {
-      *before = current_ ? &*current_ : nullptr;
-    }
-    return current_ ? &*current_ : nullptr;
-  }
-
- private:
-  std::optional<Model> build(const ModelFactory& f, const std::string& stage, Problems& all) const {
-    auto m = detail::guard([&]() -> Expected<Model> { return detail::build_model(f, seed_, stage); });
-    if (!m) all.list.push_back(fmt::format("{}: stage \"{}\": building the model failed: {}", all.source, stage, m.error().message));
-    return m ? std::optional<Model>(std::move(*m)) : std::nullopt;
-  }
-
-  Expected<ModelFactory> base_;
-  std::uint64_t seed_;
-  bool first_ = true;
-  std::optional<Model> current_;
-  std::list<Model> kept_;  // models of earlier stages, for `before` (a list: pointers stay valid)
-};
-
-/// Why the stage's model cannot train on or be evaluated on its data, found by one forward pass
-/// and the loss on the first two samples of each set, and the labels' range against the model's
-/// outputs (a label the first samples do not hold would fail in the middle of training).
-std::optional<std::string> data_problem(const TrainingSpec& spec, const Model& model) {
-  std::vector<std::pair<std::string, const Dataset*>> sets = {{"training data", &spec.data.train}};
-  if (spec.evaluation)
-    for (const auto& [name, d] : spec.evaluation->spec.sets) sets.emplace_back(fmt::format("eval set \"{}\"", name), &d);
-  torch::NoGradGuard no_grad;
-  model.module->eval();  // this instance is validation's own: BatchNorm takes a batch of one
-  for (const auto& [what, d] : sets) {
-    const auto n = d->size();
-    if (n == 0) continue;
-    auto batch = d->range(0, std::min<std::int64_t>(2, n));
-    if (!batch) return fmt::format("reading the {} failed: {}", what, batch.error().message);
-    torch::Tensor out;
-    auto forward = detail::guard([&]() -> Expected<void> {
-      out = model.forward(batch->inputs);
-      return {};
-    });
-    if (!forward)
-      return fmt::format("the model cannot take the {} (\"{}\", each sample {}): {}", what, d->name,
-                         detail::shape_string(batch->inputs[0]), forward.error().message);
-    const auto& loss = what == "training data" ? spec.loss : spec.evaluation->spec.loss;
-    auto scored = detail::guard([&]() -> Expected<void> {
-      (void)loss.fn(out, batch->targets);
-      return {};
-    });
-    if (!scored)
-      return fmt::format("the model's output {} does not fit the {} (\"{}\") and the loss \"{}\": {}", detail::shape_string(out),
-                         what, d->name, loss.name, scored.error().message);
-    if (d->class_targets() && out.dim() == 2 && d->classes() > out.size(1))
-      return fmt::format("the model gives {} class scores, but the labels of the {} (\"{}\") go up to {} ({} classes); make "
-                         "the model's classes at least {} (e.g. [model] classes = {})",
-                         out.size(1), what, d->name, d->classes() - 1, d->classes(), d->classes(), d->classes());
-  }
-  return std::nullopt;
-}
-
-/// Builds every stage and its evaluation plan, adding their problems.
-void check_stages(const Curriculum& cur, Problems& all) {
-  const auto& run = cur.run();
-  std::set<std::string> algorithms_so_far;  // weights an evaluation may ask for (ema, swa)
-  ModelsSeen models(cur.model(), run.seed);
-  for (const auto& stage : cur.stages()) {
-    auto plan = stage.eval();
-    if (!plan) detail::add_unique(all.list, detail::problem_lines(plan.error()));
-    auto spec = stage.build();
-    if (!spec) {
-      detail::add_unique(all.list, detail::problem_lines(spec.error()));
-      continue;
-    }
-    const Model* before = nullptr;
-    if (const auto* m = models.of(*spec, all, &before)) {
-      // A transfer to a model of the stage's own that would take nothing: found now, not after
-      // the stages before it trained.
-      if (before && spec->model.kind == ModelCarry::Kind::transfer && spec->model.factory && !spec->model.source)
-        if (const auto why = detail::transfer_took_nothing(*before->module, *m->module,
-                                                           detail::transfer_weights(*before->module, *m->module, spec->model.fresh));
-            !why.empty())
-          all.add(stage.impl()->get("model"), fmt::format("stage \"{}\": model: {}", spec->name, why));
-      for (auto problem : {detail::pattern_problem(*spec, *m->module), data_problem(*spec, *m)})
-        if (problem) all.list.push_back(fmt::format("{}: stage \"{}\": {}", all.source, spec->name, *problem));
-    }
-    // A stage longer than the whole run can never be trained as written.
-    const auto n = spec->data.train.size(), bs = spec->data.batch_size;
-    auto batches = [&](Time t) { return detail::batches_in(t, run.max_duration, n, bs, spec->data.drop_last); };
-    const double stage_b = batches(spec->duration), max_b = batches(run.max_duration);
-    if (run.max_duration.value > 0 && stage_b > max_b)
-      all.list.push_back(fmt::format("{}: stage \"{}\": duration {} ({:.0f} batches) exceeds the run's max_duration {} "
-                                     "({:.0f} batches); raise run.max_duration or shorten the stage",
-                                     all.source, spec->name, spec->duration.to_string(), stage_b,
-                                     run.max_duration.to_string(), max_b));
-    for (const auto& a : spec->algorithms) algorithms_so_far.insert(a.name);
-    // Evaluating an algorithm's weights needs that algorithm in this stage or an earlier one.
-    if (const auto& w = spec->evaluation ? spec->evaluation->spec.weights : std::string(); !w.empty() && !algorithms_so_far.count(w))
-      all.list.push_back(fmt::format("{}: stage \"{}\": eval.weights = \"{}\", but neither this stage nor an earlier one "
-                                     "has the algorithm \"{}\" that keeps them; add it (algorithms = {{ {} = {{}} }}) or "
-                                     "evaluate the model's own weights",
-                                     all.source, spec->name, w, w, w));
-  }
-}
-}  // namespace
 
 Expected<void> Curriculum::validate() const {
   Problems all{impl_->doc->source, {}};
@@ -301,7 +178,7 @@ Expected<void> Curriculum::validate() const {
   // The weights [model] init_from names: the file read and fitted to the model now, not at the start of training.
   if (const auto* m = impl_->doc->root["model"].as_table(); factory && m && m->get("init_from"))
     if (auto s = init(); !s) detail::add_unique(all.list, detail::problem_lines(s.error()));
-  check_stages(*this, all);
+  detail::check_stages(*this, all);
   if (impl_->doc->root["sweep"]["metric"] && !impl_->stages.empty())  // checked here, where the last stage is built
     if (auto last = impl_->stages.back().build()) detail::check_sweep_metric(impl_->doc->root, *last, all);
   if (all.empty()) return {};
@@ -496,7 +373,7 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
   if (!p.empty()) {
     // Report the stages' problems too: every problem at once.
     Problems more{source, {}};
-    check_stages(cur, more);
+    detail::check_stages(cur, more);
     detail::add_unique(p.list, more.list);
     return tl::unexpected(p.error());
   }

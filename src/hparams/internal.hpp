@@ -6,6 +6,8 @@
 //   registry.cpp     the built-in models and dataset kinds
 //   builder.cpp      SpecBuilder: one stage's table -> TrainingSpec
 //   datasets.cpp     [datasets.<name>]: checks, loading, offset / limit / holdout
+//   models.cpp       [model] and a stage's own model table
+//   validate.cpp     stages tried on their models before anything trains
 //   curriculum.cpp   the document, Curriculum, parse_curriculum / load_curriculum
 //   sweep_table.cpp  [sweep] and --grid axes: the points of a sweep
 //   sweep.cpp        sweeps that share their prefix; sweep_jobs.cpp trains nodes in processes
@@ -231,6 +233,10 @@ std::optional<ModelTable> stage_model_table(const Document& doc, const toml::nod
                                             Problems& p);
 /// The factory the registry makes of `m` (its error without context: the caller says where).
 Expected<ModelFactory> make_model(const Document& doc, const ModelTable& m);
+
+/// Builds every stage of `cur` and its evaluation plan, and tries each on its model (validate.cpp),
+/// adding every problem to `all`.
+void check_stages(const Curriculum& cur, Problems& all);
 
 /// A stage's evaluation (evaluation.cpp): its eval table as a plan (the loss is the caller's to
 /// set), and the keys that watch one of its metrics, each checked against what it gives.
