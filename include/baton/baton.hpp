@@ -24,4 +24,5 @@
 #include "baton/state.hpp"
 #include "baton/summary.hpp"
 #include "baton/sweep.hpp"
+#include "baton/tree.hpp"
 #include "baton/time.hpp"

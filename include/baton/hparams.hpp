@@ -123,9 +123,20 @@ class SpecBuilder {
   std::shared_ptr<const Impl> impl_;
 };
 
-/// A loaded curriculum: run settings, the model, and the stages in order.
+struct Branch;
+
+/// A loaded curriculum: run settings, the model, and the stages in order, or, when stages name
+/// where they start (`from = "pretrain"`), a tree of them: one branch per leaf (docs/curricula.md).
 class Curriculum {
  public:
+  /// True when the stages make a tree: a stage says `from` (or asks for `baseline = "scratch"`).
+  /// Train it with `run_tree` (tree.hpp); each of `branches()` is a chain like any other.
+  [[nodiscard]] bool is_tree() const;
+  /// A tree's branches, in the order of their last stages in the file, each followed by its
+  /// scratch baseline when it asks for one; a chain: none. Each branch's curriculum holds the
+  /// stages of its path only, inheriting along the path, so its `specs()`, `init()`,
+  /// `run_options()` and `fingerprint()` are those of an independent run of the path.
+  [[nodiscard]] const std::vector<Branch>& branches() const;
   [[nodiscard]] const RunConfig& run() const;
   [[nodiscard]] const std::vector<SpecBuilder>& stages() const;
   /// Binds a model factory of your own instead of the file's `[model]`.
@@ -141,7 +152,8 @@ class Curriculum {
   /// `model()`. A name no stage has: the model the run ends with. Load a checkpoint with it
   /// (`load_checkpoint(path, *cur.model(info->stage))`).
   [[nodiscard]] Expected<ModelFactory> model(const std::string& stage) const;
-  /// Every stage built, in order (the first error stops it, naming the stage).
+  /// Every stage built, in order (the first error stops it, naming the stage). A tree has no
+  /// one order: an error that says so (take a branch's).
   [[nodiscard]] Expected<std::vector<TrainingSpec>> specs() const;
   /// The run directory as `[run]` says: `dir` (run_dir), `name`, `checkpoint_every`,
   /// `keep_checkpoints`, `tensorboard`, with the resolved TOML as `config` and its fingerprint.
@@ -178,6 +190,15 @@ class Curriculum {
   explicit Curriculum(std::shared_ptr<const Impl> impl);
  private:
   std::shared_ptr<const Impl> impl_;
+};
+
+/// One branch of a tree: a path from the first stage (or, for a baseline, from the stage that
+/// asks for one) to a leaf.
+struct Branch {
+  std::string name{};                 ///< its last stage's name
+  std::vector<std::string> stages{};  ///< its path, in order
+  bool baseline = false;              ///< the scratch baseline of branch `name`: from a fresh initialization
+  Curriculum curriculum;              ///< the path as a chain
 };
 
 /// Parses a curriculum from TOML text. `source` names it in messages ("file.toml:3:7: ...").

@@ -53,6 +53,14 @@ struct SweepOptions {
   /// its own models serves the command with `baton::cli::main(argc, argv, registry)` (cli.hpp).
   std::filesystem::path executable{};
   Registry registry = Registry::builtin();
+  bool fresh = false;                  ///< start over: every node's run is trained again (RunOptions::fresh)
+  /// Node directories `<dir>/<stage>` (a scratch baseline's `<dir>/scratch/<stage>`) instead of
+  /// `<level>-<stage>-<hash>`: a tree's layout (run_tree, tree.hpp), where each stage has one
+  /// configuration and a changed one is refused on resume rather than trained beside the old.
+  bool by_stage = false;
+  /// sweep_node only: the branch of a tree the node belongs to ("name", or "name@scratch" for a
+  /// scratch baseline); empty for a curriculum that does not branch.
+  std::string branch{};
 };
 
 /// The `[sweep]` table of a curriculum file as options (docs/sweep.md): `grid` (a table of
@@ -63,7 +71,7 @@ struct SweepOptions {
 Expected<SweepOptions> sweep_options(const std::filesystem::path& file, const std::vector<std::string>& sets = {},
                                      const Registry& registry = Registry::builtin());
 
-/// What one point of a sweep gave.
+/// What one point of a sweep (or one branch of a tree) gave.
 struct SweepPointResult {
   SweepPoint overrides{};
   std::size_t shared_stages = 0;        ///< stages trained once for this point and at least one other
@@ -71,6 +79,12 @@ struct SweepPointResult {
   std::string params_sha256{};
   Metrics final_metrics{};              ///< the last evaluation of its last stage
   double score = 0;                     ///< the ranking metric (NaN when the point has none)
+  std::string branch{};                 ///< a tree's branch (its last stage's name); "" for a chain
+  bool baseline = false;                ///< the branch's scratch baseline
+  std::filesystem::path dir{};          ///< the run directory of its last stage
+  double seconds = 0;                   ///< training time of its own stages (those no other point or branch shares)
+  std::filesystem::path best_state{};   ///< its last stage's keep_best state, when it keeps one
+  std::string metric{};                 ///< what `score` is: SweepOptions::metric, else its last stage's first set's accuracy
 };
 
 struct SweepResult {
@@ -83,7 +97,9 @@ struct SweepResult {
   bool interrupted = false;              ///< Ctrl-C or SIGTERM: a checkpoint was written; call again to go on
   std::filesystem::path summary_file{};  ///< dir/sweep.json when written (empty if not: the reason went to stderr)
   std::filesystem::path report_file{};   ///< dir/report.html when written (empty if not, or not asked for)
-  /// One row per point, best first, the best marked with '*'.
+  /// One row per point, best first, the best marked with '*'. A tree's: one row per branch in
+  /// the file's order, its metrics on each set it evaluates, its scratch baseline under it with
+  /// the difference in the branch's metric.
   [[nodiscard]] std::string table() const;
 };
 

@@ -28,6 +28,7 @@
 #include "baton/run.hpp"
 #include "baton/summary.hpp"
 #include "baton/sweep.hpp"
+#include "baton/tree.hpp"
 #include "commands.hpp"
 #include "launch.hpp"
 #include "train/signals.hpp"
@@ -48,6 +49,7 @@ struct RunArgs {
   bool accept_runtime_change = false;
   std::string for_time, until_time;  // pause after this much more / at this point of the run
   int nproc = 0;  // > 0: start this many ranks here (baton launch) instead of training
+  int jobs = 1;   // a tree: stages trained at once
 };
 
 /// Under a launcher (WORLD_SIZE set): joins its group. Ranks > 0 print only errors (or all to
@@ -127,12 +129,51 @@ void print_summary(const TrainState& initial, const std::vector<TrainingSpec>& s
   else fmt::print(stderr, "baton: no model summary: {}\n", s.error().to_string());
 }
 
+/// `baton run` of a curriculum that branches: `baton::run_tree` (tree.hpp), a run directory per
+/// stage under the run's, and the table of every branch beside its scratch baseline.
+int run_tree(const RunArgs& a, const Curriculum& cur, const Registry& registry) {
+  if (!a.for_time.empty() || !a.until_time.empty() || launched_distributed())
+    return report(Error{ErrorCode::invalid_argument,
+                        fmt::format("{}: the stages make a tree (`from`): --for, --until and data-parallel ranks train "
+                                    "one chain; run a branch's stages as a file of their own for that", a.file), {}});
+  TreeOptions o{.dir = a.run_dir.empty() ? cur.run().run_dir : fs::path(a.run_dir), .sets = a.sets, .fresh = a.fresh,
+                .jobs = a.jobs, .threads = cur.run().threads, .executable = self_executable(), .registry = registry};
+  auto runtime = configure_runtime({.threads = a.jobs > 1 ? 1 : cur.run().threads});
+  if (!runtime) return report(runtime.error());
+  fmt::print("{}\n", runtime->to_string());
+  std::size_t baselines = 0;
+  for (const auto& b : cur.branches()) baselines += b.baseline ? 1 : 0;
+  fmt::print("run \"{}\": a tree of {} stage{}, {} branch{}{}, max duration {} per branch, run directory {}\n", cur.run().name,
+             cur.stages().size(), cur.stages().size() == 1 ? "" : "s", cur.branches().size() - baselines,
+             cur.branches().size() - baselines == 1 ? "" : "es",
+             baselines ? fmt::format(" and {} scratch baseline{}", baselines, baselines == 1 ? "" : "s") : "",
+             cur.run().max_duration.to_string(), o.dir.string());
+  const auto started = std::chrono::steady_clock::now();
+  auto r = baton::run_tree(a.file, o);
+  if (!r) return report(r.error());
+  if (r->interrupted) {
+    fmt::print(stderr, "baton: interrupted; every finished stage is kept and the others resume from their checkpoints.\n"
+                       "Resume with: {}{}\n", again(a), a.jobs > 1 ? fmt::format(" --jobs {}", a.jobs) : "");
+    return exit_interrupted;
+  }
+  fmt::print("\n{}", r->table());
+  fmt::print("total time {}{}{}\n", duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
+             r->summary_file.empty() ? "" : "; summary " + r->summary_file.string(),
+             r->report_file.empty() ? "" : "; report " + r->report_file.string());
+  return exit_ok;
+}
+
 /// `baton run`: the curriculum's stages through `baton::run` (run.hpp), which owns the run
 /// directory, resume, checkpoints, metrics, progress and the report; this prints around it.
 int run(const RunArgs& a, const Registry& registry) {
   auto cur = load_curriculum(a.file, a.sets, registry);
   if (!cur) return report(cur.error());
   if (auto ok = cur->validate(); !ok) return report(ok.error());
+  if (cur->is_tree()) return run_tree(a, *cur, registry);
+  if (a.jobs > 1)
+    return report(Error{ErrorCode::invalid_argument,
+                        fmt::format("{}: --jobs trains the branches of a tree at once; this curriculum is one chain "
+                                    "(no stage says `from`)", a.file), {}});
   auto specs = cur->specs();
   if (!specs) return report(specs.error());
   RunOptions options = cur->run_options();
@@ -222,16 +263,18 @@ int sweep(const SweepArgs& a, const Registry& registry) {
 
 /// `baton sweep-node` (not listed): one node of a sweep with jobs > 1, started by the sweep.
 struct SweepNodeArgs {
-  std::string file, dir;
+  std::string file, dir, branch;
   std::vector<std::string> sets;
   std::size_t stage = 0;
   int threads = 1;
+  bool by_stage = false, fresh = false;
 };
 
 int sweep_node(const SweepNodeArgs& a, const Registry& registry) {
   auto runtime = configure_runtime({.threads = a.threads});
   if (!runtime) return report(runtime.error());
-  auto done = baton::sweep_node(a.file, {.dir = a.dir, .sets = a.sets, .progress = false, .registry = registry}, a.stage);
+  auto done = baton::sweep_node(a.file, {.dir = a.dir, .sets = a.sets, .progress = false, .registry = registry,
+                                         .fresh = a.fresh, .by_stage = a.by_stage, .branch = a.branch}, a.stage);
   if (!done) return report(done.error());
   return *done ? exit_ok : exit_interrupted;
 }
@@ -306,6 +349,10 @@ int main(int argc, char** argv, const Registry& registry) {
   run_cmd->add_flag("--accept-runtime-change", run_args.accept_runtime_change,
                     "Resume even where threads, LibTorch, CPU kernels or BLAS differ from the checkpoint's (the run "
                     "is then marked not bit-exact)");
+  run_cmd->add_option("--jobs", run_args.jobs,
+                      "A curriculum that branches: train this many stages at once in child processes, run.threads / N "
+                      "threads each (default 1)")
+      ->check(CLI::Range(1, 1024));
   run_cmd->add_option("--nproc", run_args.nproc, "Train data-parallel with this many local processes (see baton launch)")
       ->check(CLI::Range(1, 1024));
 
@@ -341,6 +388,9 @@ int main(int argc, char** argv, const Registry& registry) {
   node_cmd->add_option("--stage", node_args.stage)->required();
   node_cmd->add_option("--threads", node_args.threads)->check(CLI::Range(1, 1024));
   node_cmd->add_option("--set", node_args.sets);
+  node_cmd->add_option("--branch", node_args.branch);
+  node_cmd->add_flag("--by-stage", node_args.by_stage);
+  node_cmd->add_flag("--fresh", node_args.fresh);
 
   std::string validate_file;
   std::vector<std::string> validate_sets;

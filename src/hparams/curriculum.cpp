@@ -32,6 +32,8 @@ struct Curriculum::Impl {
   std::string resolved;
   std::string fingerprint;
   std::string run_copy;  // `resolved` with absolute input paths: the run directory's config.toml
+  bool tree = false;
+  std::vector<Branch> branches;  // a tree's: each a chain of its path's stages
 };
 
 Curriculum::Curriculum(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
@@ -39,16 +41,20 @@ const RunConfig& Curriculum::run() const { return impl_->doc->run; }
 const std::vector<SpecBuilder>& Curriculum::stages() const { return impl_->stages; }
 const std::string& Curriculum::resolved_toml() const { return impl_->resolved; }
 const std::string& Curriculum::fingerprint() const { return impl_->fingerprint; }
+bool Curriculum::is_tree() const { return impl_->tree; }
+const std::vector<Branch>& Curriculum::branches() const { return impl_->branches; }
 
 Curriculum Curriculum::with_model(ModelFactory factory) const {
   auto impl = std::make_shared<Impl>(*impl_);
-  impl->model = std::move(factory);
+  impl->model = factory;
+  for (auto& b : impl->branches) b.curriculum = b.curriculum.with_model(factory);
   return Curriculum(std::move(impl));
 }
 
 Curriculum Curriculum::with_dataset(const std::string& name, Dataset dataset) const {
   auto impl = std::make_shared<Impl>(*impl_);
   for (auto& s : impl->stages) s = s.with_dataset(name, dataset);
+  for (auto& b : impl->branches) b.curriculum = b.curriculum.with_dataset(name, dataset);
   return Curriculum(std::move(impl));
 }
 
@@ -84,7 +90,18 @@ Expected<std::optional<detail::ModelTable>> own_model_upto(const Curriculum::Imp
 }
 }  // namespace
 
+namespace {
+/// A tree's branch that trains `stage` (the first branch when no branch does: "the end").
+const Curriculum* branch_with(const Curriculum::Impl& impl, const std::string& stage) {
+  if (!impl.tree || impl.branches.empty()) return nullptr;
+  for (const auto& b : impl.branches)
+    if (!b.baseline && std::find(b.stages.begin(), b.stages.end(), stage) != b.stages.end()) return &b.curriculum;
+  return &impl.branches.front().curriculum;
+}
+}  // namespace
+
 Expected<ModelFactory> Curriculum::model(const std::string& stage) const {
+  if (const auto* b = branch_with(*impl_, stage)) return b->model(stage);
   auto own = own_model_upto(*impl_, stage);
   if (!own) return tl::unexpected(own.error());
   if (!*own) return model();
@@ -93,7 +110,24 @@ Expected<ModelFactory> Curriculum::model(const std::string& stage) const {
   return made;
 }
 
+namespace {
+/// Class names after a dataset's label_map: each new class named by the classes mapped to it
+/// ("Sandal|Sneaker|Ankle boot"); none without a map.
+std::vector<std::string> mapped_class_names(const std::vector<std::string>& names, const toml::array* map) {
+  if (!map) return names;
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < map->size() && i < names.size(); ++i) {
+    const auto to = map->at(i).value<std::int64_t>().value_or(-1);
+    if (to < 0) continue;
+    if (static_cast<std::size_t>(to) >= out.size()) out.resize(static_cast<std::size_t>(to) + 1);
+    out[static_cast<std::size_t>(to)] += (out[static_cast<std::size_t>(to)].empty() ? "" : "|") + names[i];
+  }
+  return out;
+}
+}  // namespace
+
 Expected<ModelCard> Curriculum::model_card(const std::string& name, const std::string& stage) const {
+  if (const auto* b = branch_with(*impl_, stage)) return b->model_card(name, stage);
   auto ds = dataset(name);
   if (!ds) return tl::unexpected(ds.error());
   auto own = own_model_upto(*impl_, stage);
@@ -119,7 +153,7 @@ Expected<ModelCard> Curriculum::model_card(const std::string& name, const std::s
     card.normalize = (*d)["normalize"].value<bool>().value_or(kind != "image_folder" && image.normalize);
     card.mean = (*d)["mean"].value<double>().value_or(image.mean);  // fashion-mnist takes none: the defaults
     card.std = (*d)["std"].value<double>().value_or(image.std);
-    if (kind == "fashion-mnist") card.classes = data::fashion_mnist_classes();
+    if (kind == "fashion-mnist") card.classes = mapped_class_names(data::fashion_mnist_classes(), (*d)["label_map"].as_array());
     if (kind == "image_folder") card.classes = detail::class_names(ds->source);  // its class directories' names
   } else if (kind == "csv") {
     std::filesystem::path path = (*d)["path"].value<std::string>().value_or("");
@@ -135,6 +169,11 @@ Expected<ModelCard> Curriculum::model_card(const std::string& name, const std::s
 }
 
 Expected<std::vector<TrainingSpec>> Curriculum::specs() const {
+  if (impl_->tree)
+    return fail(ErrorCode::invalid_spec,
+                fmt::format("{}: the stages make a tree ({} branches: stages name where they start with `from`); "
+                            "train it with run_tree (baton run does), or take one branch's specs from branches()",
+                            impl_->doc->source, impl_->branches.size()));
   std::vector<TrainingSpec> out;
   for (const auto& b : stages()) {
     auto spec = b.build();
@@ -173,6 +212,12 @@ Expected<TrainState> Curriculum::init(TransferReport* report) const {
 
 Expected<void> Curriculum::validate() const {
   Problems all{impl_->doc->source, {}};
+  if (impl_->tree) {  // each branch as the chain it is: inheritance follows the path
+    for (const auto& b : impl_->branches)
+      if (auto ok = b.curriculum.validate(); !ok) detail::add_unique(all.list, detail::problem_lines(ok.error()));
+    if (all.empty()) return {};
+    return tl::unexpected(all.error());
+  }
   auto factory = model();
   if (!factory) detail::add_unique(all.list, detail::problem_lines(factory.error()));
   // The weights [model] init_from names: the file read and fitted to the model now, not at the start of training.
@@ -334,8 +379,10 @@ Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
 }
 }  // namespace
 
-Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& source,
-                                      const std::vector<std::string>& overrides, const Registry& registry) {
+namespace {
+/// The curriculum of `text`; with `path`, only those stages (one branch of a tree, as a chain).
+Expected<Curriculum> parse(std::string_view text, const std::string& source, const std::vector<std::string>& overrides,
+                           const Registry& registry, const std::vector<std::size_t>* path) {
   auto doc = std::make_shared<Document>();
   doc->source = source;
   if (std::error_code ec; std::filesystem::is_regular_file(source, ec)) doc->base_dir = std::filesystem::path(source).parent_path();
@@ -349,6 +396,7 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
   Problems p{source, {}};
   auto& root = doc->root;
   detail::apply_overrides(root, overrides, p);
+  if (path) detail::keep_path(root, *path);
   detail::check_keys(root, {"run", "model", "datasets", "defaults", "stages", "sweep"}, "(top level)", p);
   (void)detail::read_sweep_table(root, text, p);  // read by sweep_options; checked here, before any run
   read_run(root, source, doc->run, p);
@@ -356,6 +404,9 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
   detail::check_datasets(root, registry, p);
   const bool stages_ok = check_stage_tables(root, source, p);
   if (!p.empty() && !stages_ok) return tl::unexpected(p.error());
+  const auto shape = path ? detail::TreeShape{} : detail::read_tree(root, p);
+  // A tree's problems of the file as a whole come first; its stages are checked per branch.
+  if (!p.empty() && shape.branches) return tl::unexpected(p.error());
 
   auto impl = std::make_shared<Curriculum::Impl>();
   impl->doc = doc;
@@ -369,6 +420,17 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
     impl->stages.emplace_back(std::move(b));
   }
   if (auto ok = resolve(*impl, source); !ok) return tl::unexpected(ok.error());
+  impl->tree = shape.branches;
+  if (impl->tree) {
+    const auto* names = root["stages"].as_array();
+    for (const auto& b : detail::branch_paths(detail::stage_names(*root["stages"].as_array()), shape)) {
+      auto chain = parse(text, source, overrides, registry, &b.stages);
+      if (!chain) return tl::unexpected(chain.error().with_context(fmt::format("branch \"{}\"", b.name)));
+      std::vector<std::string> stage_names;
+      for (auto i : b.stages) stage_names.push_back(*(*names->at(i).as_table())["name"].value<std::string>());
+      impl->branches.push_back({b.name, std::move(stage_names), b.baseline, std::move(*chain)});
+    }
+  }
   Curriculum cur(std::move(impl));
   if (!p.empty()) {
     // Report the stages' problems too: every problem at once.
@@ -378,6 +440,12 @@ Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& 
     return tl::unexpected(p.error());
   }
   return cur;
+}
+}  // namespace
+
+Expected<Curriculum> parse_curriculum(std::string_view text, const std::string& source,
+                                      const std::vector<std::string>& overrides, const Registry& registry) {
+  return parse(text, source, overrides, registry, nullptr);
 }
 
 Expected<Curriculum> load_curriculum(const std::filesystem::path& file, const std::vector<std::string>& overrides,

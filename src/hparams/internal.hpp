@@ -31,6 +31,7 @@
 
 namespace baton {
 struct SweepOptions;
+struct SweepResult;
 }
 
 namespace baton::detail {
@@ -62,7 +63,8 @@ inline const std::vector<std::string> kInheritable = {"data", "batch_size", "shu
                                                       "precision", "memory_format", "deterministic", "loss_scaling",
                                                       "keep_best", "restore_best"};
 /// Stage keys that belong to one stage only.
-inline const std::vector<std::string> kStageOnly = {"name", "duration", "optimizer_carry", "model", "freeze"};
+inline const std::vector<std::string> kStageOnly = {"name", "duration", "optimizer_carry", "model", "freeze", "from",
+                                                   "baseline"};
 
 bool contains(const std::vector<std::string>& v, std::string_view s);
 
@@ -152,8 +154,12 @@ struct SweepTask {
   std::filesystem::path dir;             ///< its run directory
   std::vector<std::string> sets;         ///< the overrides of one point that trains it (common ones first)
   std::string stage;                     ///< the stage's name
-  int users = 1;                         ///< points that train it
+  int users = 1;                         ///< points (or branches) that train it
+  std::string branch;                    ///< the branch of a tree ("name", "name@scratch") one of them is; "" for a chain
 };
+/// The summary file of a sweep or a tree (sweep_result.cpp): `r` as JSON at `file`; sets
+/// `r.summary_file` when written, else says on stderr why not.
+void write_summary(const std::filesystem::path& file, SweepResult& r);
 /// Trains the tasks not `finished` in child processes (sweep_jobs.cpp): `o.executable sweep-node`,
 /// at most `o.jobs` at once, each after its parent. True when all finished; false when a Ctrl-C
 /// or SIGTERM stopped them (forwarded to every child, which writes its checkpoint).
@@ -233,6 +239,34 @@ std::optional<ModelTable> stage_model_table(const Document& doc, const toml::nod
                                             Problems& p);
 /// The factory the registry makes of `m` (its error without context: the caller says where).
 Expected<ModelFactory> make_model(const Document& doc, const ModelTable& m);
+
+/// The tree of a curriculum (tree.cpp): each stage's parent (`from`, else the stage before; none
+/// for the first), which stages ask for a scratch baseline, and whether the file branches at all
+/// (any `from` or `baseline`). Problems placed at their nodes: `from` naming itself, a later or
+/// an unknown stage (with a suggestion), `baseline` other than "scratch" or on the first stage.
+struct TreeShape {
+  std::vector<std::optional<std::size_t>> parent;
+  std::vector<bool> baseline;
+  bool branches = false;
+};
+TreeShape read_tree(const toml::table& root, Problems& p);
+/// The shape of stages `names` from each one's `from` (none: the stage before) and whether it
+/// asks for a baseline; each problem as (stage index, whether it is of `from`, message).
+TreeShape tree_shape(const std::vector<std::string>& names, const std::vector<std::optional<std::string>>& from,
+                     const std::vector<bool>& baseline, const std::function<void(std::size_t, bool, std::string)>& problem);
+/// The names of the [[stages]] tables of a document (each a table with a name: checked before).
+std::vector<std::string> stage_names(const toml::array& stages);
+/// One branch: its leaf's name and the stages from the root (or, for a scratch baseline, from
+/// the stage that asks for it) to the leaf, in file order.
+struct BranchPath {
+  std::string name;
+  std::vector<std::size_t> stages;
+  bool baseline = false;
+};
+std::vector<BranchPath> branch_paths(const std::vector<std::string>& names, const TreeShape& tree);
+/// Keeps only the stages of `path` in `root` (moved, so that each keeps its place in the file for
+/// messages), without their `from` and `baseline` keys: the document of one branch.
+void keep_path(toml::table& root, const std::vector<std::size_t>& path);
 
 /// Builds every stage of `cur` and its evaluation plan, and tries each on its model (validate.cpp),
 /// adding every problem to `all`.

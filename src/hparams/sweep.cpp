@@ -1,10 +1,12 @@
 // Sweeps that share their prefix (sweep.hpp): the points' resolved configurations, stage by
 // stage, make a tree; each node is a one-stage `baton::run` from its parent's final state.
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -14,6 +16,7 @@
 #include "baton/report.hpp"
 #include "baton/run.hpp"
 #include "baton/sweep.hpp"
+#include "baton/tree.hpp"
 #include "detail.hpp"
 #include "io.hpp"
 #include "internal.hpp"
@@ -23,46 +26,117 @@ namespace baton {
 namespace {
 namespace fs = std::filesystem;
 
-/// One point, resolved: its curriculum, specs, and per stage the configuration that decides the
-/// stage's training (the run less where it writes, model, datasets, the stages up to it).
+/// One chain to train: a point of a sweep, or a branch of a tree (of a point), resolved: its
+/// curriculum, specs, and per stage the configuration that decides the stage's training (the
+/// run less where it writes, model, the datasets its stages up to it name, the stages up to it).
 struct Plan {
   SweepPoint overrides;
-  Curriculum cur;
+  std::function<Expected<TrainState>()> init;  // the state its first stage starts from
+  ModelFactory factory;                         // the model init() builds
+  RunOptions base;                              // name, checkpoints, TensorBoard (dir, config: the node's)
   std::vector<TrainingSpec> specs;
   std::vector<std::string> texts, keys;
+  std::string branch;     // a tree's branch (its last stage); "" for a chain
+  bool baseline = false;  // the branch's scratch baseline
 };
 
 std::string point_text(const SweepPoint& p) { return p.empty() ? "(no overrides)" : fmt::format("{}", fmt::join(p, " ")); }
+std::string plan_text(const Plan& p) {
+  if (p.branch.empty()) return "sweep point " + point_text(p.overrides);
+  return fmt::format("branch \"{}\"{}{}", p.branch, p.baseline ? " (scratch baseline)" : "",
+                     p.overrides.empty() ? "" : " of sweep point " + point_text(p.overrides));
+}
 
-Expected<Plan> plan(const fs::path& file, const SweepOptions& o, const SweepPoint& point) {
+/// Every string in a table, at any depth: the dataset names a stage can refer to.
+void strings_in(const toml::node& n, std::set<std::string>& out) {
+  if (const auto* s = n.as_string()) out.insert(s->get());
+  else if (const auto* t = n.as_table()) for (const auto& [k, v] : *t) strings_in(v, out);
+  else if (const auto* a = n.as_array()) for (const auto& v : *a) strings_in(v, out);
+}
+
+Expected<toml::table> read_back(const std::string& text) {
+  try {
+    return toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    return fail(ErrorCode::invalid_spec, fmt::format("the resolved configuration does not read back: {}", e.description()));
+  }
+}
+
+/// `t` with its first `n` stages only, and of its datasets those in `keep` (all: null), as TOML.
+std::string first_stages(const toml::table& t, std::size_t n, const std::set<std::string>* keep) {
+  toml::table out;
+  for (const char* key : {"run", "model"})
+    if (const auto* v = t.get(key)) v->visit([&](auto&& x) { out.insert(key, x); });
+  if (const auto* ds = t["datasets"].as_table()) {
+    toml::table used;
+    for (const auto& [name, v] : *ds)
+      if (!keep || keep->count(std::string(name.str()))) v.visit([&, name = name](auto&& x) { used.insert(name, x); });
+    if (!used.empty()) out.insert("datasets", std::move(used));
+  }
+  toml::array stages;
+  if (const auto* all = t["stages"].as_array())
+    for (std::size_t i = 0; i < n && i < all->size(); ++i) stages.push_back(*all->at(i).as_table());
+  out.insert("stages", std::move(stages));
+  std::ostringstream ss;
+  ss << out << "\n";
+  return ss.str();
+}
+
+Expected<Plan> plan_of(const Curriculum& cur, const SweepPoint& point, std::string branch, bool baseline) {
+  if (auto ok = cur.validate(); !ok) return tl::unexpected(ok.error());
+  auto specs = cur.specs();
+  if (!specs) return tl::unexpected(specs.error());
+  auto t = read_back(cur.resolved_toml());
+  if (!t) return tl::unexpected(t.error());
+  detail::leave_out_bit_neutral(*t);
+  const auto ro = cur.run_options();
+  auto copy = read_back(ro.config);  // input paths absolute: the node's config.toml serves baton eval and export
+  if (!copy) return tl::unexpected(copy.error());
+  auto factory = cur.model();
+  if (!factory) return tl::unexpected(factory.error());
+  Plan p{point, [cur] { return cur.init(); }, *factory, ro, *specs, {}, {}, std::move(branch), baseline};
+  const auto* stages = (*t)["stages"].as_array();
+  if (!stages) return fail(ErrorCode::invalid_spec, "the resolved configuration has no stages");
+  // A stage's key holds the datasets named by the stages up to it, not all of them: a branch's
+  // own dataset, edited, changes that branch only.
+  std::set<std::string> named;
+  for (std::size_t level = 0; level < stages->size(); ++level) {
+    strings_in(stages->at(level), named);
+    p.keys.push_back(detail::sha256_hex(first_stages(*t, level + 1, &named)));
+    p.texts.push_back("# The resolved curriculum up to this stage (input paths absolute): what it trained.\n" +
+                      first_stages(*copy, level + 1, nullptr));
+  }
+  if (p.keys.size() != p.specs.size()) return fail(ErrorCode::invalid_spec, "the resolved configuration lost a stage");
+  return p;
+}
+
+/// "name", or "name@scratch" for a baseline: how a child process is told which branch to train.
+std::string branch_id(const std::string& branch, bool baseline) { return baseline ? branch + "@scratch" : branch; }
+
+/// The chains of one point: the curriculum itself, or each branch of its tree (only `o.branch`
+/// when set).
+Expected<std::vector<Plan>> plans_of(const fs::path& file, const SweepOptions& o, const SweepPoint& point) {
   std::vector<std::string> sets = o.sets;
   sets.insert(sets.end(), point.begin(), point.end());
   auto cur = load_curriculum(file, sets, o.registry);
   if (!cur) return tl::unexpected(cur.error());
-  if (auto ok = cur->validate(); !ok) return tl::unexpected(ok.error());
-  auto specs = cur->specs();
-  if (!specs) return tl::unexpected(specs.error());
-  toml::table t;
-  try {
-    t = toml::parse(cur->resolved_toml());
-  } catch (const toml::parse_error& e) {
-    return fail(ErrorCode::invalid_spec, fmt::format("the resolved configuration does not read back: {}", e.description()));
+  std::vector<Plan> out;
+  if (!cur->is_tree()) {
+    // run_tree of a chain: a tree of one branch, named by its last stage.
+    auto p = plan_of(*cur, point, o.by_stage ? cur->stages().back().name() : "", false);
+    if (!p) return tl::unexpected(p.error());
+    out.push_back(std::move(*p));
+    return out;
   }
-  detail::leave_out_bit_neutral(t);
-  toml::table head;
-  for (const char* key : {"run", "model", "datasets"})
-    if (const auto* n = t.get(key)) n->visit([&](auto&& v) { head.insert(key, v); });
-  std::ostringstream text;
-  text << head << "\n";
-  Plan p{point, *cur, *specs, {}, {}};
-  if (const auto* stages = t["stages"].as_array())
-    for (const auto& s : *stages) {
-      text << "\n[[stages]]\n" << *s.as_table() << "\n";
-      p.texts.push_back(text.str());
-      p.keys.push_back(detail::sha256_hex(text.str()));
-    }
-  if (p.keys.size() != p.specs.size()) return fail(ErrorCode::invalid_spec, "the resolved configuration lost a stage");
-  return p;
+  if (auto ok = cur->validate(); !ok) return tl::unexpected(ok.error());  // every branch's problems at once
+  for (const auto& b : cur->branches()) {
+    if (!o.branch.empty() && o.branch != branch_id(b.name, b.baseline)) continue;
+    auto p = plan_of(b.curriculum, point, b.name, b.baseline);
+    if (!p) return tl::unexpected(p.error().with_context(fmt::format("branch \"{}\"", b.name)));
+    out.push_back(std::move(*p));
+  }
+  if (out.empty()) return fail(ErrorCode::invalid_argument, fmt::format("{}: no branch \"{}\"", file.string(), o.branch));
+  return out;
 }
 
 /// "set/metric": the option, else the accuracy of the first set the last stage evaluates (in the
@@ -73,27 +147,8 @@ std::string ranking_metric(const SweepOptions& o, const TrainingSpec& last) {
   return last.evaluation->spec.sets.front().first + "/accuracy";
 }
 
-double score_of(const Metrics& m, const std::string& metric) {
-  return metric_value(m, metric).value_or(std::nan(""));
-}
-
-void write_summary(const fs::path& dir, SweepResult& r) {
-  nlohmann::json j = {{"metric", r.metric}, {"best", r.best}, {"stages_trained", r.stages_trained},
-                      {"stages_total", r.stages_total}, {"points", nlohmann::json::array()}};
-  for (const auto& p : r.points) {
-    nlohmann::json metrics = nlohmann::json::object();
-    for (const auto& [set, values] : p.final_metrics)
-      for (const auto& [k, v] : values) metrics[set + "/" + k] = v;
-    j["points"].push_back({{"overrides", p.overrides}, {"shared_stages", p.shared_stages},
-                           {"final_state", p.final_state.string()}, {"params_sha256", p.params_sha256},
-                           {"score", std::isnan(p.score) ? nlohmann::json() : nlohmann::json(p.score)}, {"metrics", metrics}});
-  }
-  if (auto ok = detail::write_file_atomic(dir / "sweep.json", j.dump(2) + "\n", "sweep summary"); ok)
-    r.summary_file = dir / "sweep.json";
-  else
-    fmt::print(stderr, "baton: the sweep finished but its summary was not written: {}\n", ok.error().to_string());
-}
 fs::path node_dir(const SweepOptions& o, const Plan& p, std::size_t level) {
+  if (o.by_stage) return p.baseline ? o.dir / "scratch" / p.specs[level].name : o.dir / p.specs[level].name;
   return o.dir / fmt::format("{}-{}-{}", level, p.specs[level].name, p.keys[level].substr(0, 12));
 }
 
@@ -104,6 +159,7 @@ struct Node {
   fs::path dir;
   std::string params_sha256;
   Metrics final_metrics;
+  double seconds = 0;  // training time of its stage (resumed parts included)
 };
 
 /// The node's result, when `dir` holds a finished node of configuration `key`.
@@ -113,7 +169,7 @@ std::optional<Node> read_node(const fs::path& dir, const std::string& key) {
   try {
     const auto j = nlohmann::json::parse(in);
     if (j.at("key").get<std::string>() != key || !fs::exists(dir / "final.baton")) return std::nullopt;
-    Node n{dir, j.at("params_sha256").get<std::string>(), {}};
+    Node n{dir, j.at("params_sha256").get<std::string>(), {}, j.value("seconds", 0.0)};
     for (const auto& [set, values] : j.at("metrics").items())
       for (const auto& [k, v] : values.items()) n.final_metrics[set][k] = v.is_null() ? std::nan("") : v.get<double>();
     return n;
@@ -126,29 +182,32 @@ std::optional<Node> read_node(const fs::path& dir, const std::string& key) {
 /// final.baton; on success records the node (kNodeFile). False: stopped by a signal.
 Expected<bool> train_node(const Plan& p, std::size_t level, const SweepOptions& o) {
   const fs::path node = node_dir(o, p, level);
-  auto context = [&](Error e) { return tl::unexpected(e.with_context(fmt::format("sweep node {}", node.string()))); };
-  auto factory = p.cur.model();
-  if (!factory) return tl::unexpected(factory.error());
+  auto context = [&](Error e) {
+    return tl::unexpected(e.with_context(fmt::format("{}: stage \"{}\" in {}", plan_text(p), p.specs[level].name, node.string())));
+  };
   const fs::path parent = level == 0 ? fs::path() : node_dir(o, p, level - 1);
   // The parent's model: a stage before may have built one of its own (a new head).
-  auto initial = level == 0 ? p.cur.init()
-                            : load_checkpoint(parent / "final.baton", detail::factory_after(p.specs, level - 1, *factory));
+  auto initial = level == 0 ? p.init() : load_checkpoint(parent / "final.baton", detail::factory_after(p.specs, level - 1, p.factory));
   if (!initial) return context(initial.error());
-  RunOptions ro = p.cur.run_options();
+  RunOptions ro = p.base;
   ro.dir = node;
   ro.config = p.texts[level];
   ro.fingerprint = p.keys[level];
   ro.report = false;
   ro.progress = o.progress;
+  ro.fresh = o.fresh;
+  if (o.by_stage) ro.name = fmt::format("{}/{}{}", ro.name, p.baseline ? "scratch/" : "", p.specs[level].name);
   auto res = run(ro, {p.specs[level]}, std::move(*initial));
   if (!res) return context(res.error());
   if (res->interrupted) return false;
+  double seconds = 0;
+  for (const auto& st : res->stages) seconds += st.seconds;
   nlohmann::json metrics = nlohmann::json::object();
   for (const auto& [set, values] : res->final_metrics)
     for (const auto& [k, v] : values) metrics[set][k] = std::isnan(v) ? nlohmann::json() : nlohmann::json(v);
   const nlohmann::json j = {{"key", p.keys[level]}, {"stage", p.specs[level].name},
                             {"parent", parent.empty() ? nlohmann::json() : nlohmann::json(parent.filename().string())},
-                            {"params_sha256", params_sha256(res->state)}, {"metrics", metrics}};
+                            {"params_sha256", params_sha256(res->state)}, {"metrics", metrics}, {"seconds", seconds}};
   if (auto ok = detail::write_file_atomic(node / kNodeFile, j.dump(2) + "\n", "sweep node record"); !ok) return context(ok.error());
   return true;
 }
@@ -177,7 +236,8 @@ Tree build_tree(const std::vector<Plan>& plans, const SweepOptions& o) {
       std::optional<std::size_t> parent;
       if (level > 0) parent = tree.index.at(p.keys[level - 1]);
       tree.index.emplace(p.keys[level], tree.tasks.size());
-      tree.tasks.push_back({level, p.keys[level], parent, node_dir(o, p, level), std::move(sets), p.specs[level].name, 1});
+      tree.tasks.push_back({level, p.keys[level], parent, node_dir(o, p, level), std::move(sets), p.specs[level].name, 1,
+                            p.branch.empty() ? "" : branch_id(p.branch, p.baseline)});
       tree.plan.push_back(i);
     }
     if (!any) return tree;
@@ -185,94 +245,88 @@ Tree build_tree(const std::vector<Plan>& plans, const SweepOptions& o) {
 }
 
 /// Every node's result into `done`: read back when finished, else trained in this process (with
-/// jobs > 1 the processes have trained them all). False: a signal stopped the training.
+/// jobs > 1 the processes have trained them all). False: a signal stopped the training. A node
+/// that fails (e.g. a resume refused because its stage changed) stops its own subtree only; the
+/// others train, and the error names every node that failed.
 Expected<bool> train_here(const std::vector<Plan>& plans, const Tree& tree, const SweepOptions& o, std::map<std::string, Node>& done) {
+  std::vector<bool> failed(tree.tasks.size(), false);
+  std::vector<Error> errors;
   for (std::size_t t = 0; t < tree.tasks.size(); ++t) {
     const auto& task = tree.tasks[t];
-    const std::string users = fmt::format("{} point{}", task.users, task.users == 1 ? "" : "s");
-    auto node = read_node(task.dir, task.key);
+    if (task.parent && failed[*task.parent]) {
+      failed[t] = true;
+      continue;
+    }
+    const std::string users = o.by_stage ? fmt::format("{} branch{}", task.users, task.users == 1 ? "" : "es")
+                                         : fmt::format("{} point{}", task.users, task.users == 1 ? "" : "s");
+    auto node = o.fresh && o.jobs == 1 ? std::nullopt : read_node(task.dir, task.key);
     if (!node && o.jobs > 1)
       return fail(ErrorCode::io, fmt::format("sweep node {}: its process ended well but left no {}", task.dir.string(), kNodeFile));
     if (!node) {
-      if (o.progress) fmt::print("sweep: stage \"{}\" for {} -> {}\n", task.stage, users, task.dir.string());
+      if (o.progress) fmt::print("{}: stage \"{}\" for {} -> {}\n", o.by_stage ? "tree" : "sweep", task.stage, users, task.dir.string());
       const auto& p = plans[tree.plan[t]];
       auto trained = train_node(p, task.level, o);
-      if (!trained) return tl::unexpected(trained.error().with_context(fmt::format("sweep point {}", point_text(p.overrides))));
+      if (!trained) {
+        failed[t] = true;
+        errors.push_back(trained.error());
+        continue;
+      }
       if (!*trained) return false;
       node = read_node(task.dir, task.key);
       if (!node) return fail(ErrorCode::io, fmt::format("sweep node {}: {} did not read back", task.dir.string(), kNodeFile));
     } else if (o.progress && o.jobs == 1) {
-      fmt::print("sweep: stage \"{}\" for {}: finished before ({})\n", task.stage, users, task.dir.string());
+      fmt::print("{}: stage \"{}\" for {}: finished before ({})\n", o.by_stage ? "tree" : "sweep", task.stage, users, task.dir.string());
     }
     done.emplace(task.key, std::move(*node));
+  }
+  if (errors.size() == 1) return tl::unexpected(errors.front());
+  if (!errors.empty()) {
+    std::vector<std::string> texts;
+    for (const auto& e : errors) texts.push_back(e.to_string());
+    return fail(errors.front().code, fmt::format("{} stage runs failed (the others finished; each one's stages after "
+                                                 "it were not trained):\n{}", errors.size(), fmt::join(texts, "\n")));
   }
   return true;
 }
 
-/// Every point's result from its leaf node, its score, and the best.
+/// Every chain's result from its leaf node, its own time (the nodes no other chain trains),
+/// its score, and the best.
 void rank(const std::vector<Plan>& plans, const Tree& tree, const std::map<std::string, Node>& done, const SweepOptions& o,
           SweepResult& r) {
   for (const auto& p : plans) {
     const auto& leaf = done.at(p.keys.back());
     SweepPointResult pr{p.overrides, 0, leaf.dir / "final.baton", leaf.params_sha256, leaf.final_metrics, 0};
     while (pr.shared_stages < p.keys.size() && tree.tasks[tree.index.at(p.keys[pr.shared_stages])].users > 1) ++pr.shared_stages;
+    pr.branch = p.branch;
+    pr.baseline = p.baseline;
+    pr.dir = leaf.dir;
+    for (std::size_t l = pr.shared_stages; l < p.keys.size(); ++l) pr.seconds += done.at(p.keys[l]).seconds;
+    if (const auto& keep = p.specs.back().keep_best) {
+      const fs::path best = leaf.dir / (keep->scope == KeepBest::Scope::run ? "best.baton" : "best-" + p.specs.back().name + ".baton");
+      if (std::error_code ec; fs::is_regular_file(best, ec)) pr.best_state = best;
+    }
+    pr.metric = ranking_metric(o, p.specs.back());
     r.points.push_back(std::move(pr));
   }
   r.metric = ranking_metric(o, plans.front().specs.back());
   r.maximize = o.maximize;
   for (std::size_t i = 0; i < r.points.size(); ++i) {
     auto& pr = r.points[i];
-    pr.score = score_of(pr.final_metrics, r.metric);
+    pr.score = metric_value(pr.final_metrics, pr.metric).value_or(std::nan(""));
     const auto& b = r.points[r.best];
     if (!std::isnan(pr.score) && (std::isnan(b.score) || (o.maximize ? pr.score > b.score : pr.score < b.score))) r.best = i;
   }
 }
-}  // namespace
-
-std::string SweepResult::table() const {
-  std::vector<std::size_t> order(points.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const double x = points[a].score, y = points[b].score;
-    if (std::isnan(x) || std::isnan(y)) return !std::isnan(x) && std::isnan(y);
-    return maximize ? x > y : x < y;
-  });
-  std::string out = fmt::format("  {:<14} {:<8} {:<14} {}\n", metric.empty() ? "score" : metric, "shared", "params_sha256", "point");
-  for (auto i : order) {
-    const auto& p = points[i];
-    out += fmt::format("{} {:<14} {:<8} {:<14} {}\n", i == best ? '*' : ' ',
-                       std::isnan(p.score) ? std::string("-") : fmt::format("{:.4f}", p.score),
-                       fmt::format("{} st", p.shared_stages), p.params_sha256.substr(0, 12), point_text(p.overrides));
-  }
-  out += fmt::format("{} stage runs for {} points x stages ({} shared)\n", stages_trained, stages_total,
-                     stages_total - stages_trained);
-  return out;
-}
-
-Expected<bool> sweep_node(const fs::path& file, const SweepOptions& o, std::size_t level) {
-  auto p = plan(file, o, {});
-  if (!p) return tl::unexpected(p.error());
-  if (level >= p->specs.size())
-    return fail(ErrorCode::invalid_argument, fmt::format("sweep node: stage {} of a curriculum of {} stages", level, p->specs.size()));
-  return train_node(*p, level, o);
-}
-
-Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
-  if (o.dir.empty()) return fail(ErrorCode::invalid_argument, "sweep: SweepOptions::dir is empty; name the sweep directory");
-  if (o.points.empty()) return fail(ErrorCode::invalid_argument, "sweep: no points");
-  if (o.jobs < 1) return fail(ErrorCode::invalid_argument, fmt::format("sweep: jobs is {}; at least 1", o.jobs));
-  std::vector<Plan> plans;
-  for (const auto& point : o.points) {  // every point's configuration is checked before any training
-    auto p = plan(file, o, point);
-    if (!p) return tl::unexpected(p.error().with_context(fmt::format("sweep point {}", point_text(point))));
-    plans.push_back(std::move(*p));
-  }
+/// Trains the plans' tree (each node once), then ranks and writes what they gave. `file`: the
+/// curriculum child processes read (jobs > 1 only).
+Expected<SweepResult> run_plans(const fs::path& file, const std::vector<Plan>& plans, const SweepOptions& o) {
+  const bool is_tree = !plans.front().branch.empty();
   // A metric no evaluation gives would rank nothing: every score "-", the first point "best". The
   // point is named where it is not the first (its overrides changed what the last stage evaluates).
-  for (std::size_t i = 0; i < plans.size(); ++i)
+  for (std::size_t i = 0; i < plans.size() && !(is_tree && o.metric.empty()); ++i)
     if (auto bad = detail::sweep_metric_problem(o.metric, plans[i].specs.back()); !bad.empty()) {
       Error e{ErrorCode::invalid_argument, "sweep: the ranking metric (--metric, [sweep] metric, SweepOptions::metric): " + bad, {}};
-      return tl::unexpected(i == 0 ? e : e.with_context(fmt::format("sweep point {}", point_text(plans[i].overrides))));
+      return tl::unexpected(i == 0 ? e : e.with_context(plan_text(plans[i])));
     }
   const Tree tree = build_tree(plans, o);
   SweepResult r;
@@ -280,7 +334,7 @@ Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
   for (const auto& p : plans) r.stages_total += p.keys.size();
   if (o.jobs > 1) {  // train in processes; the pass below then reads every node back
     std::vector<bool> finished;
-    for (const auto& t : tree.tasks) finished.push_back(read_node(t.dir, t.key).has_value());
+    for (const auto& t : tree.tasks) finished.push_back(!o.fresh && read_node(t.dir, t.key).has_value());
     auto all = detail::train_in_processes(file, tree.tasks, finished, o);
     if (!all) return tl::unexpected(all.error());
     r.interrupted = !*all;
@@ -293,7 +347,7 @@ Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
   }
   if (r.interrupted) return r;
   rank(plans, tree, done, o, r);
-  write_summary(o.dir, r);
+  detail::write_summary(o.dir / (o.by_stage ? "summary.json" : "sweep.json"), r);
   std::vector<fs::path> dirs;
   for (const auto& t : tree.tasks) dirs.push_back(t.dir);
   if (o.report) {
@@ -303,6 +357,71 @@ Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
       fmt::print(stderr, "baton: the sweep finished but its report was not written: {}\n", page.error().to_string());
   }
   return r;
+}
+}  // namespace
+
+Expected<SweepResult> run_tree(const RunOptions& options, const std::vector<TreeStage>& stages, const TrainState& initial) {
+  if (options.dir.empty()) return fail(ErrorCode::invalid_argument, "run_tree: RunOptions::dir is empty; name the tree's directory");
+  if (stages.empty()) return fail(ErrorCode::invalid_argument, "run_tree: no stages");
+  if (options.distributed) return fail(ErrorCode::invalid_argument, "run_tree: one rank only (RunOptions::distributed is set)");
+  std::vector<std::string> names, problems;
+  std::vector<std::optional<std::string>> from;
+  std::vector<bool> baseline;
+  for (const auto& s : stages) {
+    if (std::find(names.begin(), names.end(), s.spec.name) != names.end())
+      problems.push_back(fmt::format("two stages are named \"{}\"; a stage's name is its directory, so give each its own", s.spec.name));
+    if (auto bad = detail::name_problem("stage name", s.spec.name, "it names the stage's directory"); !bad.empty()) problems.push_back(bad);
+    names.push_back(s.spec.name);
+    from.push_back(s.from.empty() ? std::nullopt : std::optional<std::string>(s.from));
+    baseline.push_back(s.scratch_baseline);
+  }
+  const auto shape = detail::tree_shape(names, from, baseline, [&](std::size_t, bool, std::string m) { problems.push_back(std::move(m)); });
+  if (!problems.empty())
+    return fail(ErrorCode::invalid_spec, fmt::format("run_tree: {}", fmt::join(problems, "\n  ")));
+  std::vector<Plan> plans;
+  for (const auto& b : detail::branch_paths(names, shape)) {
+    Plan p{{}, [&initial] { return Expected<TrainState>(initial); }, initial.factory, options, {}, {}, {}, b.name, b.baseline};
+    for (auto i : b.stages) p.specs.push_back(stages[i].spec);
+    std::vector<std::string> undescribed;
+    for (std::size_t level = 0; level < p.specs.size(); ++level) {
+      const std::vector<TrainingSpec> upto(p.specs.begin(), p.specs.begin() + static_cast<std::ptrdiff_t>(level) + 1);
+      p.texts.push_back(describe(upto, &initial, &undescribed));
+      p.keys.push_back(detail::sha256_hex(p.texts.back()));
+    }
+    if (!undescribed.empty() && !options.accept_undescribed)
+      return fail(ErrorCode::invalid_spec,
+                  fmt::format("run_tree: branch \"{}\": part of it cannot be described, so a resume could not tell whether "
+                              "it changed:\n  {}\nGive each an identity, or set RunOptions::accept_undescribed", b.name,
+                              fmt::join(undescribed, "\n  ")));
+    plans.push_back(std::move(p));
+  }
+  SweepOptions o{.dir = options.dir, .points = {{}}, .progress = options.progress, .report = options.report, .fresh = options.fresh,
+                 .by_stage = true};
+  return run_plans({}, plans, o);
+}
+
+Expected<bool> sweep_node(const fs::path& file, const SweepOptions& o, std::size_t level) {
+  auto plans = plans_of(file, o, {});
+  if (!plans) return tl::unexpected(plans.error());
+  if (plans->size() != 1)
+    return fail(ErrorCode::invalid_argument, fmt::format("sweep node: {} branches; name one (SweepOptions::branch)", plans->size()));
+  const auto* p = &plans->front();
+  if (level >= p->specs.size())
+    return fail(ErrorCode::invalid_argument, fmt::format("sweep node: stage {} of a curriculum of {} stages", level, p->specs.size()));
+  return train_node(*p, level, o);
+}
+
+Expected<SweepResult> sweep(const fs::path& file, const SweepOptions& o) {
+  if (o.dir.empty()) return fail(ErrorCode::invalid_argument, "sweep: SweepOptions::dir is empty; name the sweep directory");
+  if (o.points.empty()) return fail(ErrorCode::invalid_argument, "sweep: no points");
+  if (o.jobs < 1) return fail(ErrorCode::invalid_argument, fmt::format("sweep: jobs is {}; at least 1", o.jobs));
+  std::vector<Plan> plans;
+  for (const auto& point : o.points) {  // every point's configuration is checked before any training
+    auto ps = plans_of(file, o, point);
+    if (!ps) return tl::unexpected(point.empty() ? ps.error() : ps.error().with_context(fmt::format("sweep point {}", point_text(point))));
+    for (auto& p : *ps) plans.push_back(std::move(p));
+  }
+  return run_plans(file, plans, o);
 }
 
 }  // namespace baton

@@ -103,6 +103,9 @@ Expected<bool> train_in_processes(const fs::path& file, const std::vector<SweepT
       std::vector<std::string> args = {o.executable.string(), "sweep-node", file.string(), "--dir", o.dir.string(),
                                        "--stage", std::to_string(task.level), "--threads", std::to_string(threads)};
       for (const auto& s : task.sets) args.insert(args.end(), {"--set", s});
+      if (!task.branch.empty()) args.insert(args.end(), {"--branch", task.branch});
+      if (o.by_stage) args.push_back("--by-stage");
+      if (o.fresh) args.push_back("--fresh");
       const pid_t pid = start(args);
       if (pid < 0) {
         failure = Error{ErrorCode::io, fmt::format("sweep node {}: cannot start a process: {}", task.dir.string(), std::strerror(errno)), {}};
@@ -112,8 +115,8 @@ Expected<bool> train_in_processes(const fs::path& file, const std::vector<SweepT
       started[t] = true;
       running.emplace(pid, t);
       if (o.progress)
-        fmt::print("sweep: stage \"{}\" for {} point{} -> {} (process {}, {} thread{})\n", task.stage, task.users,
-                   task.users == 1 ? "" : "s", task.dir.string(), pid, threads, threads == 1 ? "" : "s");
+        fmt::print("{}: stage \"{}\" for {} {}{} -> {} (process {}, {} thread{})\n", o.by_stage ? "tree" : "sweep", task.stage,
+                   task.users, o.by_stage ? "branch" : "point", task.users == 1 ? "" : (o.by_stage ? "es" : "s"), task.dir.string(), pid, threads, threads == 1 ? "" : "s");
     }
     if (running.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

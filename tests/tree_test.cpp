@@ -1,0 +1,320 @@
+// Curricula that branch (tree.hpp): every branch equals an independent run of its path, the shared
+// prefix trains once, a branch's own data leaves the others alone, an edited branch is refused
+// alone, a killed tree resumes to the same bits, and the same tree from C++ specs.
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "baton/tree.hpp"
+#include "helpers.hpp"
+#include "process.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+// pre -> a; pre -> b (its own data, a 3-way head, a scratch baseline); pre -> c -> c2.
+const char* kTree = R"(
+[run]
+name = "tree"
+seed = 5
+max_duration = "4ep"
+[model]
+name = "mlp"
+widths = [8, 16, 4]
+[datasets.all]
+kind = "synthetic"
+samples = 400
+holdout = { fraction = 0.25, part = "train" }
+[datasets.val]
+kind = "synthetic"
+samples = 400
+holdout = { fraction = 0.25, part = "val" }
+[datasets.own]
+kind = "synthetic"
+samples = 300
+classes = 3
+seed = 11
+[defaults]
+data = "all"
+batch_size = 20
+optimizer = { name = "adam", lr = 0.01 }
+eval = { sets = ["val"] }
+[[stages]]
+name = "pre"
+duration = "2ep"
+[[stages]]
+name = "a"
+from = "pre"
+duration = "1ep"
+optimizer = { lr = 0.003 }
+[[stages]]
+name = "b"
+from = "pre"
+baseline = "scratch"
+data = "own"
+duration = "1ep"
+eval = { sets = ["own"] }
+model = { carry = "transfer", widths = [8, 16, 3] }
+[[stages]]
+name = "c"
+from = "pre"
+duration = "1ep"
+batch_size = 10
+[[stages]]
+name = "c2"
+duration = "1ep"
+)";
+
+template <class T>
+T tree_value(baton::Expected<T> r) {
+  if (!r) FAIL(r.error().to_string());
+  return std::move(*r);
+}
+
+/// branch (with "@scratch" for a baseline) -> params_sha256, from a tree's summary.json.
+std::map<std::string, std::string> branch_hashes(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  const auto summary = nlohmann::json::parse(std::ifstream(dir / "summary.json"));
+  for (const auto& p : summary.at("points"))
+    out[p.at("branch").get<std::string>() + (p.at("baseline").get<std::string>().empty() ? "" : "@scratch")] =
+        p.at("params_sha256").get<std::string>();
+  return out;
+}
+
+std::map<std::string, std::string> hashes_of(const baton::SweepResult& r) {
+  std::map<std::string, std::string> out;
+  for (const auto& p : r.points) out[p.branch + (p.baseline ? "@scratch" : "")] = p.params_sha256;
+  return out;
+}
+
+fs::file_time_type mtime(const fs::path& p) { return fs::last_write_time(p); }
+}  // namespace
+
+TEST_CASE("a tree: each branch equals an independent run of its path, and the prefix trains once", "[tree]") {
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "t.toml";
+  std::ofstream(file) << kTree;
+  const auto cur = tree_value(baton::load_curriculum(file));
+  REQUIRE(cur.is_tree());
+  REQUIRE(cur.branches().size() == 4);
+  CHECK(cur.branches()[1].name == "b");
+  CHECK(cur.branches()[2].baseline);
+  CHECK(cur.branches()[2].stages == std::vector<std::string>{"b"});
+  CHECK(cur.branches()[3].stages == std::vector<std::string>{"pre", "c", "c2"});
+  CHECK_FALSE(cur.specs());  // a tree has no one order of stages
+
+  const fs::path dir = tmp.path / "tree";
+  const auto r = tree_value(baton::run_tree(file, {.dir = dir, .progress = false}));
+  REQUIRE(r.points.size() == 4);
+  CHECK(r.stages_total == 8);
+  CHECK(r.stages_trained == 6);  // "pre" once for three branches
+  for (const auto* stage : {"pre", "a", "b", "c", "c2", "scratch/b"}) {
+    INFO(stage);
+    CHECK(fs::is_regular_file(dir / stage / "final.baton"));
+    CHECK(fs::is_regular_file(dir / stage / "metrics.jsonl"));
+  }
+  CHECK(fs::is_regular_file(dir / "summary.json"));
+  CHECK(fs::is_regular_file(dir / "report.html"));
+  CHECK(r.points[0].shared_stages == 1);
+  CHECK(r.points[2].shared_stages == 0);
+  CHECK(r.points[1].metric == "own/accuracy");
+  CHECK_THAT(r.table(), Catch::Contains("b (scratch)") && Catch::Contains("6 stage runs for 8 branch stages (2 shared)"));
+
+  // Every branch, and the baseline, as the chain of its path in a directory of its own.
+  for (std::size_t i = 0; i < cur.branches().size(); ++i) {
+    const auto& b = cur.branches()[i];
+    INFO("branch " << b.name << (b.baseline ? " (scratch)" : ""));
+    auto ro = b.curriculum.run_options();
+    ro.dir = tmp.path / fmt::format("alone-{}", i);
+    ro.progress = false;
+    const auto alone = tree_value(baton::run(ro, tree_value(b.curriculum.specs()), tree_value(b.curriculum.init())));
+    CHECK(r.points[i].params_sha256 == baton::params_sha256(alone.state));
+    CHECK(r.points[i].branch == b.name);
+  }
+  // The longest path as a file of its own, written by hand: no `from`, three stages.
+  std::string chain = kTree;
+  const auto cut = chain.find("[[stages]]\nname = \"a\"");
+  const auto resume = chain.find("[[stages]]\nname = \"c\"");
+  chain = chain.substr(0, cut) + chain.substr(resume);
+  chain.replace(chain.find("from = \"pre\"\n"), 13, "");
+  std::ofstream(tmp.path / "chain.toml") << chain;
+  const auto plain = tree_value(baton::load_curriculum(tmp.path / "chain.toml"));
+  REQUIRE_FALSE(plain.is_tree());
+  auto ro = plain.run_options();
+  ro.dir = tmp.path / "chain";
+  ro.progress = false;
+  const auto by_hand = tree_value(baton::run(ro, value(plain.specs()), value(plain.init())));
+  CHECK(r.points[3].params_sha256 == baton::params_sha256(by_hand.state));
+  // The branches differ (each stage reaches the training), and the baseline differs from its branch.
+  CHECK(r.points[0].params_sha256 != r.points[3].params_sha256);
+  CHECK(r.points[1].params_sha256 != r.points[2].params_sha256);
+
+  SECTION("run again: nothing trains, the same results") {
+    const auto before = mtime(dir / "pre" / "final.baton");
+    const auto again = tree_value(baton::run_tree(file, {.dir = dir, .progress = false}));
+    CHECK(hashes_of(again) == hashes_of(r));
+    CHECK(mtime(dir / "pre" / "final.baton") == before);
+  }
+  SECTION("a branch's own data: the other branches' bits do not depend on it") {
+    const auto other = tree_value(baton::run_tree(file, {.dir = tmp.path / "other", .sets = {"datasets.own.samples=200"}, .progress = false}));
+    CHECK(other.points[0].params_sha256 == r.points[0].params_sha256);
+    CHECK(other.points[3].params_sha256 == r.points[3].params_sha256);
+    CHECK(other.points[1].params_sha256 != r.points[1].params_sha256);
+  }
+  SECTION("an edited branch is refused, naming it; the other branches are not touched") {
+    const auto before = mtime(dir / "c2" / "final.baton");
+    const auto edited = baton::run_tree(file, {.dir = dir, .sets = {"stage.b.optimizer.lr=0.002"}, .progress = false});
+    REQUIRE_FALSE(edited);
+    const auto text = edited.error().to_string();
+    CHECK_THAT(text, Catch::Contains("branch \"b\"") && Catch::Contains("stage \"b\"") && Catch::Contains("--fresh"));
+    CHECK_THAT(text, !Catch::Contains("branch \"a\"") && !Catch::Contains("branch \"c2\""));
+    CHECK(mtime(dir / "c2" / "final.baton") == before);
+    // --fresh trains it again with the change.
+    const auto fresh = tree_value(baton::run_tree(file, {.dir = tmp.path / "edited", .sets = {"stage.b.optimizer.lr=0.002"}, .progress = false}));
+    CHECK(fresh.points[0].params_sha256 == r.points[0].params_sha256);
+    CHECK(fresh.points[1].params_sha256 != r.points[1].params_sha256);
+  }
+  SECTION("the same tree from C++ specs, in one call, gives the same bits") {
+    std::vector<baton::TreeStage> stages;
+    const auto names = std::vector<std::string>{"pre", "a", "b", "c", "c2"};
+    const auto spec_of = [&](const std::string& stage) -> baton::TrainingSpec {
+      for (const auto& b : cur.branches())
+        for (std::size_t k = 0; k < b.stages.size(); ++k)
+          if (b.stages[k] == stage && !b.baseline) return tree_value(b.curriculum.specs())[k];
+      FAIL("no stage " << stage);
+      return {};
+    };
+    stages.push_back({spec_of("pre")});
+    stages.push_back({spec_of("a"), "pre"});
+    stages.push_back({spec_of("b"), "pre", true});
+    stages.push_back({spec_of("c"), "pre"});
+    stages.push_back({spec_of("c2")});
+    baton::RunOptions o{.dir = tmp.path / "specs", .progress = false};
+    const auto from_specs = tree_value(baton::run_tree(o, stages, tree_value(cur.init())));
+    CHECK(hashes_of(from_specs) == hashes_of(r));
+    CHECK(from_specs.stages_trained == 6);
+    CHECK(fs::is_regular_file(tmp.path / "specs" / "scratch" / "b" / "final.baton"));
+    // A stage of the path changed: refused on resume, naming the stage.
+    stages[3].spec = stages[3].spec.with_batch_size(20);
+    const auto changed = baton::run_tree(o, stages, tree_value(cur.init()));
+    REQUIRE_FALSE(changed);
+    CHECK_THAT(changed.error().to_string(), Catch::Contains("stage \"c\""));
+    // Bad trees from C++: the same messages as a file's.
+    stages[1].from = "c2";
+    stages[2].from = "prex";
+    const auto bad = baton::run_tree(o, stages, tree_value(cur.init()));
+    REQUIRE_FALSE(bad);
+    CHECK_THAT(bad.error().to_string(), Catch::Contains("\"c2\" comes later") && Catch::Contains("did you mean \"pre\""));
+  }
+}
+
+TEST_CASE("a tree's bad `from` and `baseline` are errors at file:line before anything trains", "[tree]") {
+  test::TempDir tmp;
+  const auto load = [&](const std::string& from, const std::string& to) {
+    std::string text = kTree;
+    text.replace(text.find(from), from.size(), to);
+    std::ofstream(tmp.path / "t.toml") << text;
+    return baton::load_curriculum(tmp.path / "t.toml");
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"name = \"a\"\nfrom = \"pre\"", "name = \"a\"\nfrom = \"c\""},
+      {"name = \"a\"\nfrom = \"pre\"", "name = \"a\"\nfrom = \"a\""},
+      {"name = \"a\"\nfrom = \"pre\"", "name = \"a\"\nfrom = \"prr\""},
+      {"name = \"b\"\nfrom = \"pre\"\nbaseline = \"scratch\"", "name = \"b\"\nfrom = \"pre\"\nbaseline = \"random\""},
+      {"name = \"pre\"\n", "name = \"pre\"\nbaseline = \"scratch\"\n"},
+      {"name = \"c2\"", "name = \"a\""}};
+  const std::vector<std::string> want = {"t.toml:32:8: stage \"a\": from: \"c\" comes later (stage 4 of 5)",
+                                         "t.toml:32:8: stage \"a\": from: a stage cannot start from itself",
+                                         "t.toml:32:8: stage \"a\": from: no stage is named \"prr\" (did you mean \"pre\"?)",
+                                         "t.toml:38:12: stage \"b\": baseline: \"random\" is not one of scratch",
+                                         "stage \"pre\": baseline: the first stage has no pretraining to compare with",
+                                         "stages[4].name: \"a\" is used by an earlier stage"};
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    INFO(want[i]);
+    const auto r = load(cases[i].first, cases[i].second);
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error().to_string(), Catch::Contains(want[i]));
+  }
+}
+
+TEST_CASE("baton run of a tree: the table; killed (kill -9, SIGTERM) at random moments and run again, the same bits", "[tree][cli]") {
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "t.toml";
+  std::ofstream(file) << kTree;
+  const std::vector<std::string> longer = {"--set", "stage.pre.duration=\"6ep\"", "--set", "run.max_duration=\"8ep\"",
+                                           "--set", "run.checkpoint_every=\"4ba\"", "--set", "datasets.all.samples=1600"};
+  auto args_for = [&](int jobs, const std::string& dir) {
+    std::vector<std::string> a = {"run", file.string(), "--set", fmt::format("run.threads={}", jobs), "--jobs",
+                                  std::to_string(jobs), "--run-dir", (tmp.path / dir).string()};
+    a.insert(a.end(), longer.begin(), longer.end());
+    return a;
+  };
+  const auto started = std::chrono::steady_clock::now();
+  auto reference = test::spawn(BATON_EXE, args_for(1, "ref"));
+  std::string ref_log;
+  REQUIRE(test::finish(reference, ref_log) == 0);
+  INFO(ref_log);
+  CHECK_THAT(ref_log, Catch::Contains("a tree of 5 stages, 3 branches and 1 scratch baseline") &&
+                          Catch::Contains("b (scratch)") && Catch::Contains("summary "));
+  const auto ref_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
+  const auto want = branch_hashes(tmp.path / "ref");
+  REQUIRE(want.size() == 4);
+  std::mt19937 rng(std::random_device{}());
+  for (int jobs : {1, 2}) {
+    const std::string dir = fmt::format("killed-{}", jobs);
+    int stops = 0;
+    for (; stops < 4; ++stops) {
+      const int ms = std::uniform_int_distribution<int>(100, static_cast<int>(ref_ms * (jobs == 1 ? 1.0 : 1.6)))(rng);
+      const int sig = stops % 2 == 0 ? SIGKILL : SIGTERM;
+      INFO("jobs " << jobs << ", signal " << sig << " after " << ms << " ms");
+      auto c = test::spawn(BATON_EXE, args_for(jobs, dir));
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      ::kill(c.pid, sig);
+      std::string log;
+      const int rc = test::finish(c, log);
+      if (rc == 0) break;  // it had finished
+      INFO(log);
+      if (sig == SIGKILL) REQUIRE(rc == 128 + SIGKILL);
+      else CHECK((rc == 3 || rc == 128 + SIGTERM));  // 3 once its handlers are up: a checkpoint was written
+    }
+    auto last = test::spawn(BATON_EXE, args_for(jobs, dir));
+    std::string log;
+    const int rc = test::finish(last, log);
+    INFO("jobs " << jobs << " after " << stops << " stops: " << log);
+    REQUIRE(rc == 0);
+    if (jobs == 1) CHECK(branch_hashes(tmp.path / dir) == want);
+    else CHECK(branch_hashes(tmp.path / dir).size() == 4);  // other threads per stage: other bits (sweep.hpp)
+  }
+  // --jobs 2 against --jobs 1 with the same threads per stage run: the same bits.
+  std::vector<std::string> one = args_for(1, "one-thread");
+  one[3] = "run.threads=1";
+  auto c = test::spawn(BATON_EXE, one);
+  std::string log;
+  REQUIRE(test::finish(c, log) == 0);
+  CHECK(branch_hashes(tmp.path / "one-thread") == branch_hashes(tmp.path / "killed-2"));
+}
+
+TEST_CASE("the shipped suite: three tasks from one pretraining, each with a scratch baseline; merged classes named", "[tree]") {
+  const auto cur = tree_value(baton::load_curriculum(fs::path(BATON_SOURCE_DIR) / "examples/fashion_suite.toml"));
+  REQUIRE(cur.is_tree());
+  REQUIRE(cur.branches().size() == 6);
+  for (std::size_t i = 0; i < 6; i += 2) {
+    CHECK(cur.branches()[i].stages.front() == "pretrain");
+    CHECK(cur.branches()[i + 1].baseline);
+    CHECK(cur.branches()[i + 1].stages.size() == 1);
+  }
+  REQUIRE(cur.validate());
+  // The coarse task's artifact names each coarse class by the classes its label_map merges.
+  const auto card = tree_value(cur.model_card("coarse", "coarse"));
+  REQUIRE(card.classes.size() == 4);
+  CHECK(card.classes[1] == "Trouser");
+  CHECK(card.classes[2] == "Sandal|Sneaker|Ankle boot");
+  CHECK(card.options.at("classes") == baton::ParamValue(4.0));
+}
