@@ -284,14 +284,23 @@ int validate(const std::string& file, const std::vector<std::string>& sets, cons
   auto cur = load_curriculum(file, sets, registry);
   if (!cur) return report(cur.error());
   if (auto ok = cur->validate(); !ok) return report(ok.error());
-  if (auto specs = cur->specs())
-    for (const auto& spec : *specs)
-      if (spec.precision == Precision::bf16 && spec.device.is_cpu())
-        if (auto warning = bf16_cpu_warning())
-          fmt::print(stderr, "{}: warning: stage \"{}\" trains in bf16, but {}\n", file, spec.name, *warning);
-  fmt::print("{}: valid: run \"{}\", {} stage{}, max duration {}, fingerprint {}\n", file, cur->run().name,
-             cur->stages().size(), cur->stages().size() == 1 ? "" : "s", cur->run().max_duration.to_string(),
-             cur->fingerprint().substr(0, 16));
+  std::vector<Curriculum> chains;  // a tree's branches, or the curriculum itself
+  if (cur->is_tree())
+    for (const auto& b : cur->branches()) chains.push_back(b.curriculum);
+  else
+    chains.push_back(*cur);
+  std::set<std::string> warned;
+  for (const auto& chain : chains)
+    if (auto specs = chain.specs())
+      for (const auto& spec : *specs)
+        if (spec.precision == Precision::bf16 && spec.device.is_cpu() && warned.insert(spec.name).second)
+          if (auto warning = bf16_cpu_warning())
+            fmt::print(stderr, "{}: warning: stage \"{}\" trains in bf16, but {}\n", file, spec.name, *warning);
+  fmt::print("{}: valid: run \"{}\", {}{} stage{}, max duration {}{}, fingerprint {}\n", file, cur->run().name,
+             cur->is_tree() ? "a tree of " : "", cur->stages().size(), cur->stages().size() == 1 ? "" : "s",
+             cur->run().max_duration.to_string(), cur->is_tree() ? " per branch" : "", cur->fingerprint().substr(0, 16));
+  for (const auto& b : cur->branches())
+    fmt::print("  branch {}{}: {}\n", b.name, b.baseline ? " (scratch baseline)" : "", fmt::join(b.stages, " > "));
   return exit_ok;
 }
 
