@@ -50,9 +50,11 @@ std::string sweep_table(const SweepResult& r) {
 
 /// A tree's table: a row per branch, its scratch baseline under it with the difference.
 std::string tree_table(const SweepResult& r) {
+  // A sweep of a tree: a row per branch and point, the point after the branch.
+  const bool several = std::any_of(r.points.begin(), r.points.end(), [&](const SweepPointResult& p) { return p.overrides != r.points.front().overrides; });
   std::size_t width = 8, mwidth = 6;
   for (const auto& p : r.points) {
-    width = std::max(width, p.branch.size() + (p.baseline ? 10 : 0));
+    width = std::max(width, p.branch.size() + (p.baseline ? 10 : 0) + (p.overrides.empty() || !several ? 0 : point_label(p.overrides).size() + 3));
     mwidth = std::max(mwidth, p.metric.size());
   }
   std::string out = fmt::format("{:<{}}  {:<{}} {:>7} {:>8}  {:>6}  {}\n", "branch", width, "metric", mwidth, "value", "vs",
@@ -68,7 +70,8 @@ std::string tree_table(const SweepResult& r) {
           break;
         }
     }
-    const std::string label = p.baseline ? p.branch + " (scratch)" : p.branch;
+    std::string label = p.baseline ? p.branch + " (scratch)" : p.branch;
+    if (!p.overrides.empty() && several) label += " [" + point_label(p.overrides) + "]";
     out += fmt::format("{:<{}}  {:<{}} {:>7} {:>8}  {:>6}  {}\n", label, width, p.metric.empty() ? "-" : p.metric, mwidth,
                        score_text(p.score), versus, duration_text(p.seconds), metrics_text(p.final_metrics));
   }
