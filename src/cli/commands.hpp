@@ -48,4 +48,26 @@ struct PackArgs {
 };
 /// `baton pack`: a dataset of a curriculum written as packed shards (data::pack, docs/data.md).
 int pack(const PackArgs& args, const Registry& registry);
+
+/// What `baton sweep` is asked for.
+struct SweepArgs {
+  std::string program = "baton";  // as the user typed it (argv[0])
+  std::string file, dir, metric;
+  std::vector<std::string> sets, grid;
+  bool minimize = false;
+  int jobs = 0;  // 0: the file's [sweep] jobs, else 1
+};
+/// `baton sweep`: the points of --grid (else the file's [sweep] table) (curriculum_commands.cpp).
+int sweep(const SweepArgs& a, const Registry& registry);
+/// What `baton sweep-node` (not listed) is asked for: one node, started by a sweep or a tree with jobs > 1.
+struct SweepNodeArgs {
+  std::string file, dir, branch;
+  std::vector<std::string> sets;
+  std::size_t stage = 0;
+  int threads = 1;
+  bool by_stage = false, fresh = false;
+};
+int sweep_node(const SweepNodeArgs& a, const Registry& registry);
+/// `baton validate`: every problem at once; a tree's branches listed.
+int validate(const std::string& file, const std::vector<std::string>& sets, const Registry& registry);
 }  // namespace baton::cli
