@@ -131,10 +131,10 @@ TEST_CASE("a tree: each branch equals an independent run of its path, and the pr
   for (std::size_t i = 0; i < cur.branches().size(); ++i) {
     const auto& b = cur.branches()[i];
     INFO("branch " << b.name << (b.baseline ? " (scratch)" : ""));
-    auto ro = b.curriculum.run_options();
+    auto ro = b.curriculum->run_options();
     ro.dir = tmp.path / fmt::format("alone-{}", i);
     ro.progress = false;
-    const auto alone = tree_value(baton::run(ro, tree_value(b.curriculum.specs()), tree_value(b.curriculum.init())));
+    const auto alone = tree_value(baton::run(ro, tree_value(b.curriculum->specs()), tree_value(b.curriculum->init())));
     CHECK(r.points[i].params_sha256 == baton::params_sha256(alone.state));
     CHECK(r.points[i].branch == b.name);
   }
@@ -187,7 +187,7 @@ TEST_CASE("a tree: each branch equals an independent run of its path, and the pr
     const auto spec_of = [&](const std::string& stage) -> baton::TrainingSpec {
       for (const auto& b : cur.branches())
         for (std::size_t k = 0; k < b.stages.size(); ++k)
-          if (b.stages[k] == stage && !b.baseline) return tree_value(b.curriculum.specs())[k];
+          if (b.stages[k] == stage && !b.baseline) return tree_value(b.curriculum->specs())[k];
       FAIL("no stage " << stage);
       return {};
     };
@@ -244,7 +244,7 @@ TEST_CASE("a tree's bad `from` and `baseline` are errors at file:line before any
   }
 }
 
-TEST_CASE("baton run of a tree: the table; killed (kill -9, SIGTERM) at random moments and run again, the same bits", "[tree][cli]") {
+TEST_CASE("baton run of a tree: the table, and killed (kill -9) at random moments or by SIGTERM then run again, the same bits", "[tree][cli]") {
   test::TempDir tmp;
   const fs::path file = tmp.path / "t.toml";
   std::ofstream(file) << kTree;
@@ -301,7 +301,7 @@ TEST_CASE("baton run of a tree: the table; killed (kill -9, SIGTERM) at random m
   CHECK(branch_hashes(tmp.path / "one-thread") == branch_hashes(tmp.path / "killed-2"));
 }
 
-TEST_CASE("the shipped suite: three tasks from one pretraining, each with a scratch baseline; merged classes named", "[tree]") {
+TEST_CASE("the shipped suite: three tasks from one pretraining, each with a scratch baseline, and merged classes named", "[tree]") {
   const auto cur = tree_value(baton::load_curriculum(fs::path(BATON_SOURCE_DIR) / "examples/fashion_suite.toml"));
   REQUIRE(cur.is_tree());
   REQUIRE(cur.branches().size() == 6);

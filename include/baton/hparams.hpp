@@ -198,7 +198,7 @@ struct Branch {
   std::string name{};                 ///< its last stage's name
   std::vector<std::string> stages{};  ///< its path, in order
   bool baseline = false;              ///< the scratch baseline of branch `name`: from a fresh initialization
-  Curriculum curriculum;              ///< the path as a chain
+  std::shared_ptr<const Curriculum> curriculum{};  ///< the path as a chain (set in every branch of branches())
 };
 
 /// Parses a curriculum from TOML text. `source` names it in messages ("file.toml:3:7: ...").

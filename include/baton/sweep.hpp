@@ -17,6 +17,10 @@
 /// resumes like any run and a finished one is read back, so a sweep stopped by Ctrl-C or kill -9
 /// goes on where it was.
 ///
+/// A curriculum that branches (tree.hpp) is swept the same way, every branch of every point; a
+/// node's key holds the datasets its stages up to it name, not all of the file's. `run_tree` is
+/// this function with one point and directories named by stage.
+///
 /// With `jobs` > 1, nodes whose parent has finished train in parallel processes (`executable
 /// sweep-node ...`, at most `jobs` at once, each on `threads / jobs` intra-op threads, the shared
 /// stages too: the bits depend on the threads, so every node gets the same number).

@@ -76,7 +76,7 @@ int validate(const std::string& file, const std::vector<std::string>& sets, cons
   if (auto ok = cur->validate(); !ok) return report(ok.error());
   std::vector<Curriculum> chains;  // a tree's branches, or the curriculum itself
   if (cur->is_tree())
-    for (const auto& b : cur->branches()) chains.push_back(b.curriculum);
+    for (const auto& b : cur->branches()) chains.push_back(*b.curriculum);
   else
     chains.push_back(*cur);
   std::set<std::string> warned;

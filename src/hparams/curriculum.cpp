@@ -47,14 +47,14 @@ const std::vector<Branch>& Curriculum::branches() const { return impl_->branches
 Curriculum Curriculum::with_model(ModelFactory factory) const {
   auto impl = std::make_shared<Impl>(*impl_);
   impl->model = factory;
-  for (auto& b : impl->branches) b.curriculum = b.curriculum.with_model(factory);
+  for (auto& b : impl->branches) b.curriculum = std::make_shared<const Curriculum>(b.curriculum->with_model(factory));
   return Curriculum(std::move(impl));
 }
 
 Curriculum Curriculum::with_dataset(const std::string& name, Dataset dataset) const {
   auto impl = std::make_shared<Impl>(*impl_);
   for (auto& s : impl->stages) s = s.with_dataset(name, dataset);
-  for (auto& b : impl->branches) b.curriculum = b.curriculum.with_dataset(name, dataset);
+  for (auto& b : impl->branches) b.curriculum = std::make_shared<const Curriculum>(b.curriculum->with_dataset(name, dataset));
   return Curriculum(std::move(impl));
 }
 
@@ -95,8 +95,8 @@ namespace {
 const Curriculum* branch_with(const Curriculum::Impl& impl, const std::string& stage) {
   if (!impl.tree || impl.branches.empty()) return nullptr;
   for (const auto& b : impl.branches)
-    if (!b.baseline && std::find(b.stages.begin(), b.stages.end(), stage) != b.stages.end()) return &b.curriculum;
-  return &impl.branches.front().curriculum;
+    if (!b.baseline && std::find(b.stages.begin(), b.stages.end(), stage) != b.stages.end()) return b.curriculum.get();
+  return impl.branches.front().curriculum.get();
 }
 }  // namespace
 
@@ -214,7 +214,7 @@ Expected<void> Curriculum::validate() const {
   Problems all{impl_->doc->source, {}};
   if (impl_->tree) {  // each branch as the chain it is: inheritance follows the path
     for (const auto& b : impl_->branches)
-      if (auto ok = b.curriculum.validate(); !ok) detail::add_unique(all.list, detail::problem_lines(ok.error()));
+      if (auto ok = b.curriculum->validate(); !ok) detail::add_unique(all.list, detail::problem_lines(ok.error()));
     if (all.empty()) return {};
     return tl::unexpected(all.error());
   }
@@ -428,7 +428,7 @@ Expected<Curriculum> parse(std::string_view text, const std::string& source, con
       if (!chain) return tl::unexpected(chain.error().with_context(fmt::format("branch \"{}\"", b.name)));
       std::vector<std::string> stage_names;
       for (auto i : b.stages) stage_names.push_back(*(*names->at(i).as_table())["name"].value<std::string>());
-      impl->branches.push_back({b.name, std::move(stage_names), b.baseline, std::move(*chain)});
+      impl->branches.push_back({b.name, std::move(stage_names), b.baseline, std::make_shared<const Curriculum>(std::move(*chain))});
     }
   }
   Curriculum cur(std::move(impl));

@@ -131,7 +131,7 @@ Expected<std::vector<Plan>> plans_of(const fs::path& file, const SweepOptions& o
   if (auto ok = cur->validate(); !ok) return tl::unexpected(ok.error());  // every branch's problems at once
   for (const auto& b : cur->branches()) {
     if (!o.branch.empty() && o.branch != branch_id(b.name, b.baseline)) continue;
-    auto p = plan_of(b.curriculum, point, b.name, b.baseline);
+    auto p = plan_of(*b.curriculum, point, b.name, b.baseline);
     if (!p) return tl::unexpected(p.error().with_context(fmt::format("branch \"{}\"", b.name)));
     out.push_back(std::move(*p));
   }
