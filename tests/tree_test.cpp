@@ -122,6 +122,11 @@ TEST_CASE("a tree: each branch equals an independent run of its path, and the pr
   }
   CHECK(fs::is_regular_file(dir / "summary.json"));
   CHECK(fs::is_regular_file(dir / "report.html"));
+  {  // every stage's curves, the baseline's named apart from its branch's
+    std::ifstream in(dir / "report.html");
+    const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK_THAT(page, Catch::Contains("<b>b</b>") && Catch::Contains("<b>scratch/b</b>") && Catch::Contains("<b>c2</b>"));
+  }
   CHECK(r.points[0].shared_stages == 1);
   CHECK(r.points[2].shared_stages == 0);
   CHECK(r.points[1].metric == "own/accuracy");

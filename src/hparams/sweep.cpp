@@ -348,8 +348,11 @@ Expected<SweepResult> run_plans(const fs::path& file, const std::vector<Plan>& p
   if (r.interrupted) return r;
   rank(plans, tree, done, o, r);
   detail::write_summary(o.dir / (o.by_stage ? "summary.json" : "sweep.json"), r);
+  // The report's runs in the plans' order (a branch's stages, then its baseline's), each once.
   std::vector<fs::path> dirs;
-  for (const auto& t : tree.tasks) dirs.push_back(t.dir);
+  for (const auto& p : plans)
+    for (const auto& key : p.keys)
+      if (const auto& d = tree.tasks[tree.index.at(key)].dir; std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
   if (o.report) {
     if (auto page = report::write(dirs, o.dir / "report.html"); page)
       r.report_file = o.dir / "report.html";

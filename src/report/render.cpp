@@ -327,6 +327,10 @@ Expected<std::vector<Run>> load_runs(const std::vector<fs::path>& run_dirs) {
     const fs::path norm = d.lexically_normal();
     std::string label = (norm.has_filename() ? norm.filename() : norm.parent_path().filename()).string();
     if (label.empty() || label == ".") label = r->name.empty() ? "run" : r->name;
+    // Two directories of one name (a tree's stage and its scratch baseline, scratch/<stage>): the
+    // parent's name tells them apart; numbered only when that does not.
+    if (seen_labels.count(label) && norm.has_parent_path() && norm.parent_path().has_filename())
+      label = (norm.parent_path().filename() / label).string();
     if (const int n = ++seen_labels[label]; n > 1) label += fmt::format(" ({})", n);
     r->label = label;
     r->color = kColors[runs.size() % kColors.size()];
@@ -350,8 +354,12 @@ Expected<std::string> render(const std::vector<fs::path>& run_dirs) {
   }
   const auto bounds = boundaries(runs);
 
+  // The title: the runs' names, or their labels when the names do not tell them apart (the stages
+  // of a tree or the nodes of a sweep share their curriculum's name).
   std::vector<std::string> labels;
-  for (const auto& r : runs) labels.push_back(r.name.empty() ? r.label : r.name);
+  std::set<std::string> names;
+  for (const auto& r : runs) names.insert(r.name);
+  for (const auto& r : runs) labels.push_back(r.name.empty() || names.size() < runs.size() ? r.label : r.name);
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<meta name=\"viewport\" "
       "content=\"width=device-width, initial-scale=1\">\n<title>baton report: {}</title>\n<style>{}</style>\n"
