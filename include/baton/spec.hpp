@@ -108,6 +108,11 @@ struct KeepBest {
   /// clock go on from the last step). Recorded in `StageRecord::restored_best`; the stage's last
   /// evaluation is then of those weights.
   bool restore = false;
+  /// Where a run directory (run.hpp) keeps the best state: "best-<stage>.baton", or "best.baton"
+  /// when the scope is the run.
+  [[nodiscard]] std::string file_name(const std::string& stage) const {
+    return scope == Scope::run ? "best.baton" : "best-" + stage + ".baton";
+  }
 };
 
 /// Checkpoints a fit writes by itself: files `ckpt-<batch, 10 digits>.baton` in `dir` at intervals

@@ -156,10 +156,7 @@ int run_tree(const RunArgs& a, const Curriculum& cur, const Registry& registry) 
                        "Resume with: {}{}\n", again(a), a.jobs > 1 ? fmt::format(" --jobs {}", a.jobs) : "");
     return exit_interrupted;
   }
-  fmt::print("\n{}", r->table());
-  fmt::print("total time {}{}{}\n", duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
-             r->summary_file.empty() ? "" : "; summary " + r->summary_file.string(),
-             r->report_file.empty() ? "" : "; report " + r->report_file.string());
+  print_closing(*r, started);
   return exit_ok;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // What the command line's files share: how an error is reported, and the commands on a saved
 // state (state_commands.cpp).
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,11 +10,17 @@
 #include "baton/error.hpp"
 #include "baton/hparams.hpp"
 
+namespace baton { struct SweepResult; }
+
 namespace baton::cli {
 /// The exit status for an error: training failures 1, bad input 2.
 int exit_code_for(const Error& e);
 /// Prints "baton: <error>" to stderr; returns its exit status.
 int report(const Error& e);
+
+/// The closing lines of a sweep or a tree: its table, then the total time since `started` and
+/// the summary and report files it wrote (each named only when written; stderr said why not).
+void print_closing(const SweepResult& r, std::chrono::steady_clock::time_point started);
 
 /// `baton eval`: the loss and metrics of a saved state on a dataset of its config, as JSON.
 int evaluate(const std::string& state_path, const std::string& data, std::string config,

@@ -51,12 +51,15 @@ int sweep(const SweepArgs& a, const Registry& registry) {
     fmt::print(stderr, "baton: sweep interrupted; every finished stage run is kept. Go on with: {}\n", again);
     return exit_interrupted;
   }
-  fmt::print("\n{}", r->table());
-  // Each file named only when this sweep wrote it (it said on stderr what it could not write).
-  fmt::print("total time {}{}{}\n", duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
-             r->summary_file.empty() ? "" : "; summary " + r->summary_file.string(),
-             r->report_file.empty() ? "" : "; report " + r->report_file.string());
+  print_closing(*r, started);
   return exit_ok;
+}
+
+void print_closing(const SweepResult& r, std::chrono::steady_clock::time_point started) {
+  fmt::print("\n{}", r.table());
+  fmt::print("total time {}{}{}\n", duration_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()),
+             r.summary_file.empty() ? "" : "; summary " + r.summary_file.string(),
+             r.report_file.empty() ? "" : "; report " + r.report_file.string());
 }
 
 /// `baton sweep-node` (not listed): one node of a sweep with jobs > 1, started by the sweep.

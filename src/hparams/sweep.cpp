@@ -82,8 +82,8 @@ std::string first_stages(const toml::table& t, std::size_t n, const std::set<std
   return ss.str();
 }
 
+/// The plan of a validated chain (a tree's branches: validated with their tree).
 Expected<Plan> plan_of(const Curriculum& cur, const SweepPoint& point, std::string branch, bool baseline) {
-  if (auto ok = cur.validate(); !ok) return tl::unexpected(ok.error());
   auto specs = cur.specs();
   if (!specs) return tl::unexpected(specs.error());
   auto t = read_back(cur.resolved_toml());
@@ -123,6 +123,7 @@ Expected<std::vector<Plan>> plans_of(const fs::path& file, const SweepOptions& o
   std::vector<Plan> out;
   if (!cur->is_tree()) {
     // run_tree of a chain: a tree of one branch, named by its last stage.
+    if (auto ok = cur->validate(); !ok) return tl::unexpected(ok.error());
     auto p = plan_of(*cur, point, o.by_stage ? cur->stages().back().name() : "", false);
     if (!p) return tl::unexpected(p.error());
     out.push_back(std::move(*p));
@@ -302,7 +303,7 @@ void rank(const std::vector<Plan>& plans, const Tree& tree, const std::map<std::
     pr.dir = leaf.dir;
     for (std::size_t l = pr.shared_stages; l < p.keys.size(); ++l) pr.seconds += done.at(p.keys[l]).seconds;
     if (const auto& keep = p.specs.back().keep_best) {
-      const fs::path best = leaf.dir / (keep->scope == KeepBest::Scope::run ? "best.baton" : "best-" + p.specs.back().name + ".baton");
+      const fs::path best = leaf.dir / keep->file_name(p.specs.back().name);
       if (std::error_code ec; fs::is_regular_file(best, ec)) pr.best_state = best;
     }
     pr.metric = ranking_metric(o, p.specs.back());

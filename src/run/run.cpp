@@ -30,10 +30,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using WallClock = std::chrono::steady_clock;
 
-/// Where a run keeps the state of its best evaluation (KeepBest): per stage, or one for the run.
-std::string best_file_name(const KeepBest& keep, const std::string& stage) {
-  return keep.scope == KeepBest::Scope::run ? "best.baton" : fmt::format("best-{}.baton", stage);
-}
 std::string carry_text(const TrainingSpec& s) { return s.optimizer_carry == Carry::keep ? "keep" : "fresh"; }
 std::string weights_text(const TrainingSpec& s) {
   switch (s.model.kind) {
@@ -230,7 +226,7 @@ class Runner {
     if (o_.distributed) s.distributed = o_.distributed;
     s.callbacks.push_back(detail::train_log(trace));
     if (s.keep_best && lead_)
-      s.callbacks.push_back(detail::best_file(o_.dir / best_file_name(*s.keep_best, s.name), meta(index, false)));
+      s.callbacks.push_back(detail::best_file(o_.dir / s.keep_best->file_name(s.name), meta(index, false)));
     if (progress_) s.callbacks.push_back(callbacks::progress(progress_));
     s.loggers.push_back(detail::eval_echo(trace, progress_));
     if (metrics_) s.loggers.push_back(metrics_);
