@@ -307,6 +307,36 @@ Loss cross_entropy() {
               }};
 }
 
+Loss token_cross_entropy(std::int64_t ignore_index) {
+  Loss l;
+  l.name = "token_cross_entropy";
+  l.fn = [ignore_index](const torch::Tensor& out, const torch::Tensor& target) {
+    if (out.dim() != 3 || target.dim() != 2 || out.size(0) != target.size(0) || out.size(1) != target.size(1))
+      detail::raise(ErrorCode::shape_mismatch,
+                    fmt::format("token_cross_entropy needs model output [batch, positions, vocab] and targets [batch, "
+                                "positions]; got output {} and targets {}",
+                                detail::shape_string(out), detail::shape_string(target)));
+    if (target.scalar_type() != torch::kLong)
+      detail::raise(ErrorCode::shape_mismatch, fmt::format("token_cross_entropy needs int64 token targets, got {}",
+                                                           c10::toString(target.scalar_type())));
+    const auto flat = target.reshape({-1});
+    const auto real = flat.ne(ignore_index);
+    const auto bad = real.logical_and(flat.lt(0).logical_or(flat.ge(out.size(2))));
+    if (bad.any().item<bool>())
+      detail::raise(ErrorCode::shape_mismatch,
+                    fmt::format("token_cross_entropy: target token {} is outside the vocabulary [0, {}) of the output {}",
+                                flat.masked_select(bad)[0].item<std::int64_t>(), out.size(2), detail::shape_string(out)));
+    const auto n = real.sum();
+    // Summed, then divided by the real tokens: a batch of padding only is 0, not 0/0.
+    const auto sum = torch::nn::functional::cross_entropy(
+        out.reshape({-1, out.size(2)}), flat,
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index).reduction(torch::kSum));
+    return sum / n.clamp_min(1).to(sum.scalar_type());
+  };
+  l.units = [ignore_index](const torch::Tensor& target) { return static_cast<double>(target.ne(ignore_index).sum().item<std::int64_t>()); };
+  return l;
+}
+
 Loss mse() {
   return Loss{"mse", [](const torch::Tensor& out, const torch::Tensor& target) {
                 if (out.sizes() != target.sizes()) {

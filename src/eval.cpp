@@ -185,7 +185,7 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
   const bool classes = ds.class_targets();
   const auto metrics = spec.metrics.empty() ? metric::defaults(classes ? MetricTargets::classes : MetricTargets::values)
                                             : spec.metrics;
-  double loss_sum = 0;
+  double loss_sum = 0, units = 0;  // units: samples, or the loss's own terms (Loss::units)
   std::vector<Sums> sums;
   for (const auto& m : metrics) sums.push_back({&m.merge});
   // Across ranks: this rank's contiguous shard of the set; sums and counts reduced below.
@@ -209,7 +209,9 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
                                                          name, detail::shape_string(x), detail::torch_message(e)));
     }
     auto l = spec.loss.fn(out, y);
-    loss_sum += l.item<double>() * static_cast<double>(take);
+    const double u = spec.loss.units ? spec.loss.units(y) : static_cast<double>(take);
+    loss_sum += l.item<double>() * u;
+    units += u;
     for (std::size_t k = 0; k < metrics.size(); ++k) {
       const auto& m = metrics[k];
       if (const auto why = misfit(m, out, y); !why.empty())
@@ -221,9 +223,9 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
   std::vector<torch::Tensor> totals;
   if (spec.distributed) {
     const std::string what = fmt::format("the metrics of eval set \"{}\"", name);
-    auto loss = torch::tensor(std::vector<double>{loss_sum}, torch::kDouble);
+    auto loss = torch::tensor(std::vector<double>{loss_sum, units}, torch::kDouble);
     if (auto ok = spec.distributed->all_reduce({loss}, Distributed::Op::sum, what); !ok) return tl::unexpected(ok.error());
-    loss_sum = loss[0].item<double>();
+    loss_sum = loss[0].item<double>(), units = loss[1].item<double>();
     auto reduced = reduce(*spec.distributed, sums, what);
     if (!reduced) return tl::unexpected(reduced.error());
     totals = std::move(*reduced);
@@ -231,7 +233,7 @@ Expected<std::map<std::string, double>> eval_set(const EvalSpec& spec, const Tra
     for (const auto& x : sums) totals.push_back(x.total());
   }
   std::map<std::string, double> values;
-  values["loss"] = loss_sum / static_cast<double>(n);
+  values["loss"] = units > 0 ? loss_sum / units : 0.0;
   for (std::size_t k = 0; k < metrics.size(); ++k) {
     if (!totals[k].defined()) continue;
     for (const auto& [key, v] : metrics[k].finish(totals[k], n)) values[key.empty() ? metrics[k].name : metrics[k].name + "/" + key] = v;

@@ -117,7 +117,44 @@ Values r2_finish(const torch::Tensor& stats, std::int64_t) {
   return {{"", k == 0 ? 0.0 : total / static_cast<double>(k)}};
 }
 
+/// Per sample: the nats of its real tokens' cross-entropy and how many there are ([B, 2], float64),
+/// for logits [B, T, V] and targets [B, T] (-100: padding, not counted).
+torch::Tensor token_nats(const torch::Tensor& out, const torch::Tensor& y) {
+  TORCH_CHECK(out.dim() == 3 && y.dim() == 2 && out.size(0) == y.size(0) && out.size(1) == y.size(1),
+              "needs logits [batch, positions, vocab] and token targets [batch, positions], got ", out.sizes(), " and ",
+              y.sizes());
+  const auto real = y.ne(-100);
+  const auto picked = torch::log_softmax(out.to(torch::kDouble), 2).gather(2, y.clamp_min(0).unsqueeze(2)).squeeze(2);
+  const auto nats = -(picked * real).sum(1);
+  return torch::stack({nats, real.sum(1).to(torch::kDouble)}, 1);
+}
+Values per_token(const torch::Tensor& sums, double (*f)(double nats_per_token)) {
+  const double tokens = sums[1].item<double>();
+  return {{"", tokens > 0 ? f(sums[0].item<double>() / tokens) : 0.0}};
+}
 }  // namespace
+
+Metric perplexity() {
+  return {"perplexity", MetricTargets::any, token_nats,
+          [](const torch::Tensor& sums, std::int64_t) { return per_token(sums, [](double m) { return std::exp(m); }); }};
+}
+
+Metric bits_per_token() {
+  return {"bits_per_token", MetricTargets::any, token_nats,
+          [](const torch::Tensor& sums, std::int64_t) { return per_token(sums, [](double m) { return m / std::log(2.0); }); }};
+}
+
+Metric token_accuracy() {
+  return {"token_accuracy", MetricTargets::any,
+          [](const torch::Tensor& out, const torch::Tensor& y) {
+            TORCH_CHECK(out.dim() == 3 && y.dim() == 2, "needs logits [batch, positions, vocab] and targets [batch, positions]");
+            const auto real = y.ne(-100);
+            return torch::stack({out.argmax(2).eq(y).logical_and(real).sum(), real.sum()}).to(torch::kLong);
+          },
+          [](const torch::Tensor& sums, std::int64_t) {
+            return Values{{"", sums[1].item<double>() > 0 ? sums[0].item<double>() / sums[1].item<double>() : 0.0}};
+          }};
+}
 
 Metric accuracy() {
   return {"accuracy", MetricTargets::classes,
@@ -184,14 +221,15 @@ std::vector<Metric> defaults(MetricTargets targets) {
 
 std::vector<std::string> builtin_names() {
   return {"accuracy", "top5_accuracy", "precision", "recall", "f1", "balanced_accuracy", "confusion_matrix",
-          "mae", "mse", "rmse", "r2"};
+          "mae", "mse", "rmse", "r2", "perplexity", "bits_per_token", "token_accuracy"};
 }
 
 Expected<Metric> builtin(const std::string& name) {
   static const std::map<std::string, Metric (*)()> named = {
       {"accuracy", accuracy}, {"precision", precision}, {"recall", recall}, {"f1", f1},
       {"balanced_accuracy", balanced_accuracy}, {"confusion_matrix", confusion_matrix},
-      {"mae", mae}, {"mse", mse}, {"rmse", rmse}, {"r2", r2}};
+      {"mae", mae}, {"mse", mse}, {"rmse", rmse}, {"r2", r2},
+      {"perplexity", perplexity}, {"bits_per_token", bits_per_token}, {"token_accuracy", token_accuracy}};
   if (auto it = named.find(name); it != named.end()) return it->second();
   // top<k>_accuracy
   constexpr std::string_view head = "top", tail = "_accuracy";

@@ -284,15 +284,17 @@ Check no_leak(const TrainingSpec& spec) {
 Check loss_at_init(const TrainingSpec& spec, const TrainState& state, const Batch& batch, LossAtInitOptions o) {
   return guarded("loss_at_init", [&] {
     auto not_classification = [&](const std::string& outputs) {
-      return failed(fmt::format("loss_at_init: applies to classification (int64 targets [B], outputs [B, C]); got "
+      return failed(fmt::format("loss_at_init: applies to classification (int64 targets [B], outputs [B, C]; or "
+                                "tokens: targets [B, T], outputs [B, T, V]); got "
                                 "{} targets {}{}",
                                 c10::toString(batch.targets.scalar_type()), detail::shape_string(batch.targets), outputs));
     };
-    if (batch.targets.scalar_type() != torch::kLong || batch.targets.dim() != 1) return not_classification("");
+    const auto dims = batch.targets.dim();  // 1: classes; 2: a class (token) per position
+    if (batch.targets.scalar_type() != torch::kLong || (dims != 1 && dims != 2)) return not_classification("");
     torch::NoGradGuard no_grad;
     Forward f = forward(spec, state, batch, false);
-    if (f.output.dim() != 2) return not_classification(" and outputs " + detail::shape_string(f.output));
-    const auto classes = f.output.size(1);
+    if (f.output.dim() != dims + 1) return not_classification(" and outputs " + detail::shape_string(f.output));
+    const auto classes = f.output.size(dims);
     const double expected = std::log(static_cast<double>(classes)), loss = f.loss.item<double>();
     const double off = std::abs(loss - expected) / expected;
     if (off <= o.tolerance)

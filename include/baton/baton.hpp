@@ -23,6 +23,7 @@
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
 #include "baton/summary.hpp"
+#include "baton/text.hpp"
 #include "baton/sweep.hpp"
 #include "baton/tree.hpp"
 #include "baton/time.hpp"

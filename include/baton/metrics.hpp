@@ -80,12 +80,20 @@ Metric mse();
 Metric rmse();
 Metric r2();
 
+/// Language models, over the real tokens of logits [B, T, V] and targets [B, T] (-100, the
+/// padding of token_cross_entropy, not counted): exp of the mean cross-entropy; the mean in bits
+/// (with text::ByteTokenizer a token is a byte: bits per byte); the fraction of tokens whose
+/// largest logit is the target.
+Metric perplexity();
+Metric bits_per_token();
+Metric token_accuracy();
+
 /// The metrics an evaluation gives when none are listed: accuracy and top-5 accuracy for class
 /// targets, none for others (the loss is always given).
 std::vector<Metric> defaults(MetricTargets targets);
 
 /// A built-in metric by name: "accuracy", "top<k>_accuracy", "precision", "recall", "f1",
-/// "balanced_accuracy", "confusion_matrix", "mae", "mse", "rmse", "r2".
+/// "balanced_accuracy", "confusion_matrix", "mae", "mse", "rmse", "r2", "perplexity", "bits_per_token", "token_accuracy".
 Expected<Metric> builtin(const std::string& name);
 /// The built-in metrics' names (with "top5_accuracy" standing for top<k>_accuracy).
 std::vector<std::string> builtin_names();

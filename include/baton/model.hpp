@@ -96,5 +96,29 @@ struct SmallCnnOptions {
 /// by its field name).
 ModelFactory small_cnn(SmallCnnOptions options = {});
 
+/// Options of the GPT (a decoder-only transformer, as GPT-2 and nanoGPT).
+struct GptOptions {
+  std::int64_t vocab = 258;        ///< tokens (text::ByteTokenizer: 256 bytes, end of text, padding)
+  std::int64_t block_size = 128;   ///< the longest input: positions 0 .. block_size - 1
+  std::int64_t n_layer = 4;
+  std::int64_t n_head = 4;
+  std::int64_t n_embd = 128;       ///< divisible by n_head
+  double dropout = 0.0;            ///< on embeddings, attention weights and residual branches
+  /// 0: a language model, logits [B, T, vocab] from the token embedding (weight tying: one
+  /// tensor, one optimizer slot). > 0: a classifier, logits [B, classes] from the last position
+  /// that is not `pad`, by a new `head` over the same trunk (same parameter names), so a
+  /// fine-tune stage transfers the pretrained trunk (`[stages.model] carry = "transfer"`).
+  std::int64_t classes = 0;
+  std::int64_t pad = 257;          ///< the padding token a classifier looks past (-1: none)
+};
+
+/// Token and position embeddings, `n_layer` pre-LayerNorm blocks of causal self-attention and a
+/// GELU MLP (4 x n_embd), a final LayerNorm; parameters `wte`, `wpe`, `h.<i>.ln_1`,
+/// `h.<i>.attn.c_attn`, `h.<i>.attn.c_proj`, `h.<i>.ln_2`, `h.<i>.mlp.c_fc`, `h.<i>.mlp.c_proj`,
+/// `ln_f` (and `head` for a classifier). Initialized as GPT-2: N(0, 0.02), residual projections
+/// N(0, 0.02 / sqrt(2 n_layer)), biases 0. Inputs int64 [B, T] with T <= block_size. Because
+/// attention is causal, padding after a sequence changes no logit before it. A `Named` "gpt".
+ModelFactory gpt(GptOptions options = {});
+
 }  // namespace models
 }  // namespace baton

@@ -85,7 +85,8 @@ struct LossAtInitOptions {
   double tolerance = 0.25;  ///< allowed |loss - ln(classes)| as a fraction of ln(classes)
 };
 
-/// For classification (int64 class targets, [B, C] outputs): the state's loss on `batch`, in
+/// For classification (int64 class targets, [B, C] outputs; or a language model's tokens, targets
+/// [B, T] and outputs [B, T, V], C = V): the state's loss on `batch`, in
 /// evaluation mode, is within the tolerance of ln(C), what a model that has learnt nothing yet
 /// should score. Far above it: an initialisation that is too confident (logits too large, a
 /// softmax applied twice, a wrong output scale).

@@ -130,7 +130,8 @@ void read_plain_keys(const Impl& b, Reader& r, TrainingSpec& spec) {
   if (auto v = r.boolean(b.get("drop_last"), "drop_last")) spec.data.drop_last = *v;
   if (auto v = r.integer(b.get("workers"), "workers", 0)) spec.data.workers = static_cast<int>(std::min<std::int64_t>(*v, 1 << 20));
   if (auto v = r.integer(b.get("prefetch"), "prefetch", 1)) spec.data.prefetch = static_cast<int>(std::min<std::int64_t>(*v, 1 << 20));
-  if (auto v = r.one_of<Loss>(b.get("loss"), "loss", {{"cross_entropy", loss::cross_entropy()}, {"mse", loss::mse()}})) spec.loss = *v;
+  if (auto v = r.one_of<Loss>(b.get("loss"), "loss", {{"cross_entropy", loss::cross_entropy()}, {"mse", loss::mse()},
+                                                                 {"token_cross_entropy", loss::token_cross_entropy()}})) spec.loss = *v;
   if (auto v = r.integer(b.get("grad_accum"), "grad_accum", 1)) spec.grad_accum = *v;
   if (auto v = r.number(b.get("clip_grad_norm"), "clip_grad_norm")) spec.clip_grad_norm = *v;
   if (auto v = r.number(b.get("clip_grad_value"), "clip_grad_value")) spec.clip_grad_value = *v;

@@ -27,7 +27,8 @@ struct Selection {
 
 /// The keys of the built-in dataset kinds that name input files.
 const std::map<std::string, std::vector<std::string>> kPathKeys = {
-    {"fashion-mnist", {"dir"}}, {"idx", {"images", "labels"}}, {"csv", {"path"}}, {"shards", {"dir"}}, {"image_folder", {"root", "list"}}};
+    {"fashion-mnist", {"dir"}}, {"idx", {"images", "labels"}}, {"csv", {"path"}}, {"shards", {"dir"}}, {"image_folder", {"root", "list"}},
+    {"fortunes_lm", {"dir"}}, {"fortunes_text", {"dir"}}};
 
 /// Reads a dataset table's selection keys; problems (placed at their nodes) go to `p`.
 Selection read_selection(const toml::table& t, const std::string& path, Problems& p) {

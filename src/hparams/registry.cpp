@@ -8,6 +8,7 @@
 
 #include "baton/hparams.hpp"
 #include "baton/images.hpp"
+#include "baton/text.hpp"
 #include "params_reader.hpp"
 
 namespace baton {
@@ -73,6 +74,100 @@ Expected<ModelFactory> make_small_cnn(const Params& p) {
                             o.hidden + static_cast<double>(o.hidden) * o.classes + o.classes;
   if (auto ok = check_size(parameters, "this small_cnn"); !ok) return tl::unexpected(ok.error());
   return models::small_cnn(o);
+}
+
+Expected<ModelFactory> make_gpt(const Params& p) {
+  detail::ParamReader rd(p, "model");
+  models::GptOptions o;
+  constexpr std::int64_t big = std::int64_t{1} << 20;
+  o.vocab = rd.whole("vocab", o.vocab, 1, big), o.block_size = rd.whole("block_size", o.block_size, 1, big);
+  o.n_layer = rd.whole("n_layer", o.n_layer, 1, 1000), o.n_head = rd.whole("n_head", o.n_head, 1, 4096);
+  o.n_embd = rd.whole("n_embd", o.n_embd, 1, big), o.dropout = rd.number("dropout", o.dropout);
+  o.classes = rd.whole("classes", o.classes, 0, big), o.pad = rd.whole("pad", o.pad, -1, big);
+  if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
+  if (o.n_embd % o.n_head != 0)
+    return fail(ErrorCode::invalid_argument, fmt::format("model.n_embd: {} is not divisible by n_head = {}", o.n_embd, o.n_head));
+  if (!(o.dropout >= 0 && o.dropout < 1))
+    return fail(ErrorCode::invalid_argument, fmt::format("model.dropout: must be in [0, 1), got {}", o.dropout));
+  const double c = static_cast<double>(o.n_embd);
+  const double parameters = (static_cast<double>(o.vocab) + o.block_size) * c + o.n_layer * (12 * c * c + 13 * c) + 2 * c +
+                            static_cast<double>(o.classes) * (c + 1);
+  if (auto ok = check_size(parameters, "this gpt"); !ok) return tl::unexpected(ok.error());
+  return models::gpt(o);
+}
+
+/// What a fortunes dataset's keys name: the corpus, the split and the part.
+struct FortunesKeys {
+  text::FortunesOptions corpus{};
+  text::SplitOptions split{};
+  text::Part part = text::Part::train;
+};
+
+/// Reads the keys every fortunes kind takes; then `rd.finish()` (the caller has read its own).
+Expected<FortunesKeys> fortunes_keys(const Params& p, detail::ParamReader& rd) {
+  FortunesKeys k;
+  if (auto it = p.find("dir"); it != p.end() && std::holds_alternative<std::string>(it->second)) k.corpus.dir = std::get<std::string>(it->second);
+  auto strings = [&](const char* key, std::vector<std::string>& into) {
+    rd.seen(key);
+    if (auto it = p.find(key); it != p.end()) {
+      if (const auto* v = std::get_if<std::vector<std::string>>(&it->second)) into = *v;
+      else rd.problem(fmt::format("dataset.{}: expected a list of strings", key));
+    }
+  };
+  strings("languages", k.corpus.languages), strings("topics", k.corpus.topics);
+  rd.seen("dir"), rd.seen("part");
+  k.corpus.skip_undecodable = rd.flag("skip_undecodable", false);
+  k.split.val = rd.number("val", k.split.val), k.split.test = rd.number("test", k.split.test);
+  std::string part = "train";
+  if (auto it = p.find("part"); it != p.end() && std::holds_alternative<std::string>(it->second)) part = std::get<std::string>(it->second);
+  if (part != "train" && part != "val" && part != "test") rd.problem(fmt::format("dataset.part: \"{}\" is not one of train, val, test", part));
+  k.part = part == "val" ? text::Part::val : part == "test" ? text::Part::test : text::Part::train;
+  if (!(k.split.val >= 0 && k.split.test >= 0 && k.split.val + k.split.test < 1))
+    rd.problem("dataset.val, dataset.test: fractions >= 0 with a sum below 1");
+  if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
+  return k;
+}
+
+Expected<text::Corpus> read_fortunes(const FortunesKeys& k) {
+  auto corpus = text::fortunes(k.corpus);
+  if (corpus && corpus->undecodable > 0)  // counted, and said: the user asked for it, but should know
+    fmt::print(stderr, "baton: fortunes in {}: skipped {} record(s) that are not UTF-8\n", k.corpus.dir.string(), corpus->undecodable);
+  return corpus;
+}
+
+Expected<Dataset> load_fortunes_lm(const Params& p) {
+  detail::ParamReader rd(p, "dataset");
+  text::LmOptions o;
+  o.block_size = rd.whole("block_size", o.block_size, 1, std::int64_t{1} << 20);
+  auto keys = fortunes_keys(p, rd);
+  if (!keys) return tl::unexpected(keys.error());
+  auto corpus = read_fortunes(*keys);
+  if (!corpus) return tl::unexpected(corpus.error());
+  o.name = "fortunes-lm";
+  return text::lm_windows(text::split(*corpus, keys->part, keys->split), o);
+}
+
+Expected<Dataset> load_fortunes_text(const Params& p) {
+  detail::ParamReader rd(p, "dataset");
+  text::ClassificationOptions o;
+  o.length = rd.whole("length", o.length, 1, std::int64_t{1} << 20);
+  const auto min_records = rd.whole("min_records", 200, 1, std::int64_t{1} << 40);
+  rd.seen("label");
+  if (auto it = p.find("label"); it != p.end() && std::holds_alternative<std::string>(it->second)) o.label = std::get<std::string>(it->second);
+  auto keys = fortunes_keys(p, rd);
+  if (!keys) return tl::unexpected(keys.error());
+  auto corpus = read_fortunes(*keys);
+  if (!corpus) return tl::unexpected(corpus.error());
+  // The classes: the labels with at least min_records training records, the same for every part.
+  o.classes = text::labels_with(text::split(*corpus, text::Part::train, keys->split), o.label, min_records);
+  if (o.classes.size() < 2)
+    return fail(ErrorCode::invalid_argument, fmt::format("dataset: fewer than two {}s have {} training records; lower min_records",
+                                                         o.label, min_records));
+  std::vector<text::Record> kept;
+  for (auto& r : text::split(*corpus, keys->part, keys->split))
+    if (std::binary_search(o.classes.begin(), o.classes.end(), o.label == "language" ? r.language : r.topic)) kept.push_back(std::move(r));
+  o.name = "fortunes-" + o.label;
+  return text::classification(kept, o);
 }
 
 Expected<Dataset> load_fashion_mnist(const Params& p) {
@@ -167,6 +262,17 @@ Registry Registry::builtin() {
   r.models["small_cnn"] = ModelEntry{{"channels1", "channels2", "hidden", "classes", "in_channels", "image_size", "dropout"},
                                      make_small_cnn,
                                      "small_cnn: channels1, channels2, hidden, classes, in_channels, image_size, dropout"};
+  r.models["gpt"] = ModelEntry{{"vocab", "block_size", "n_layer", "n_head", "n_embd", "dropout", "classes", "pad"}, make_gpt,
+                               "gpt: vocab, block_size, n_layer, n_head, n_embd, dropout, classes (0: language model), pad"};
+  r.datasets["fortunes_lm"] = DatasetEntry{{"dir", "languages", "topics", "part", "val", "test", "skip_undecodable", "block_size"},
+                                           load_fortunes_lm,
+                                           "fortunes_lm: languages, topics, part = \"train\" | \"val\" | \"test\", val, test, "
+                                           "block_size (byte-level language-model windows)"};
+  r.datasets["fortunes_text"] = DatasetEntry{{"dir", "languages", "topics", "part", "val", "test", "skip_undecodable", "length",
+                                              "label", "min_records"},
+                                             load_fortunes_text,
+                                             "fortunes_text: languages, topics, part, val, test, length, label = \"topic\" | "
+                                             "\"language\", min_records (a class needs that many training records)"};
   r.datasets["fashion-mnist"] = DatasetEntry{{"split", "dir", "normalize"}, load_fashion_mnist,
                                              "fashion-mnist: split = \"train\" | \"test\", dir"};
   r.datasets["idx"] = DatasetEntry{{"images", "labels", "normalize", "mean", "std"}, load_idx,

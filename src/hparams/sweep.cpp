@@ -140,12 +140,15 @@ Expected<std::vector<Plan>> plans_of(const fs::path& file, const SweepOptions& o
   return out;
 }
 
-/// "set/metric": the option, else the accuracy of the first set the last stage evaluates (in the
-/// shipped curriculum the validation set, listed before test: a sweep must not choose on test).
+/// "set/metric": the option, else the first set the last stage evaluates (in the shipped
+/// curriculum the validation set, listed before test: a sweep must not choose on test) with its
+/// first listed metric that has a value of its own (a language model's bits_per_token), or accuracy.
 std::string ranking_metric(const SweepOptions& o, const TrainingSpec& last) {
   if (!o.metric.empty()) return o.metric;
   if (!last.evaluation || last.evaluation->spec.sets.empty()) return "";
-  return last.evaluation->spec.sets.front().first + "/accuracy";
+  const auto& e = last.evaluation->spec;
+  const auto first = std::find_if(e.metrics.begin(), e.metrics.end(), [](const Metric& m) { return m.scalar; });
+  return e.sets.front().first + "/" + (first == e.metrics.end() ? std::string("accuracy") : first->name);
 }
 
 fs::path node_dir(const SweepOptions& o, const Plan& p, std::size_t level) {

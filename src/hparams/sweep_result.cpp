@@ -18,12 +18,13 @@ namespace fs = std::filesystem;
 std::string point_label(const SweepPoint& p) { return p.empty() ? "(no overrides)" : fmt::format("{}", fmt::join(p, " ")); }
 std::string score_text(double v) { return std::isnan(v) ? std::string("-") : fmt::format("{:.4f}", v); }
 
-/// "val: accuracy 0.8123, loss 0.5120; test: ..." (every set the last stage evaluated).
+/// "val: accuracy 0.8123, loss 0.5120; test: ..." (every set the last stage evaluated, without details).
 std::string metrics_text(const Metrics& m) {
   std::vector<std::string> sets;
   for (const auto& [set, values] : m) {
     std::vector<std::string> kv;
-    for (const auto& [k, v] : values) kv.push_back(fmt::format("{} {}", k, score_text(v)));
+    for (const auto& [k, v] : values)  // a metric's details ("f1/3") are in the summary, not the table
+      if (!is_detail(k)) kv.push_back(fmt::format("{} {}", k, score_text(v)));
     sets.push_back(fmt::format("{}: {}", set, fmt::join(kv, ", ")));
   }
   return sets.empty() ? "(no evaluation)" : fmt::format("{}", fmt::join(sets, "; "));

@@ -89,6 +89,13 @@ std::pair<std::int64_t, std::int64_t> DataParallel::begin_step(std::int64_t take
   return {at, size};
 }
 
+double DataParallel::sum(double local) const {
+  if (!group_) return local;
+  auto t = torch::tensor(std::vector<double>{local}, torch::kDouble);
+  dist_check(group_->all_reduce({t}, Distributed::Op::sum, what_ + " (the loss's terms)"));
+  return t[0].item<double>();
+}
+
 void DataParallel::plan_buckets(const std::vector<Slot>& slots) {
   // Planned from the model's first parameters, whose gradients backward produces last: the
   // bucket that can only go out after backward is kept small (kLastBucketBytes), the others hold

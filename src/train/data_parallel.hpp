@@ -54,6 +54,10 @@ class DataParallel {
   /// This rank's share of the step's global batch: its loss is scaled by it (1 without a group).
   [[nodiscard]] double weight() const { return weight_; }
 
+  /// The sum over the ranks of `local` (without a group: `local`): the global batch's loss terms
+  /// when the loss counts its own (Loss::units). One small all-reduce, a sync point.
+  [[nodiscard]] double sum(double local) const;
+
   /// Before the backward of a step's last microbatch, with this rank's weighted loss of the
   /// step: the loss and the stop flag go out at once, and each bucket of gradients is
   /// all-reduced as soon as backward has produced all of its gradients (autograd hooks),

@@ -72,11 +72,16 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
   const std::int64_t micro = (total + k - 1) / k;
   double batch_loss = 0.0;
   const double loss_scale = begin_loss_scale(spec, s);  // 1 without loss scaling
+  // A loss that counts its terms (tokens) weights each microbatch by its share of the global
+  // batch's terms: the step's loss is then their mean, however the batch was cut.
+  double all_units = 0.0;
+  if (spec.loss.units) all_units = dp.sum(spec.loss.units(batch.targets));
   for (std::int64_t start = 0; start < total; start += micro) {
     const std::int64_t size = std::min(micro, total - start);
     const bool whole = size == total;
     const auto inputs = whole ? batch.inputs : batch.inputs.narrow(0, start, size);
     auto targets = whole ? batch.targets : batch.targets.narrow(0, start, size);
+    const double units = spec.loss.units ? spec.loss.units(targets) : 0.0;
     const torch::Tensor loss = microbatch_loss(spec, s, inputs, std::move(targets), hooks, actx);
     // CPU sync point (cheap on CPU): a non-finite loss must stop us before the step is applied.
     const double value = loss.item<double>();
@@ -85,13 +90,14 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
       return {value, 0.0, true, fmt::format("loss \"{}\" is {}", spec.loss.name, value)};
     }
     if (hooks) hooks->fire(Event::after_loss);
-    if (whole && !dp.active()) {
+    if (whole && !dp.active() && !spec.loss.units) {
       batch_loss = value;
       backward(loss_scale == 1.0 ? loss : loss * loss_scale);
     } else {
       // A mean over the batch is the size-weighted mean of the microbatch means (data parallel:
       // of the ranks' shards, so that the summed gradients are those of the global batch's mean).
-      const double weight = static_cast<double>(size) / static_cast<double>(total) * dp.weight();
+      const double weight = !spec.loss.units ? static_cast<double>(size) / static_cast<double>(total) * dp.weight()
+                            : all_units > 0 ? units / all_units : 0.0;
       batch_loss += value * weight;
       // The last backward: the loss goes out now, the gradients all-reduced as they come.
       if (start + size >= total) dp.arm(slots, batch_loss);

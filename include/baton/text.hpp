@@ -1,0 +1,134 @@
+#pragma once
+/// \file text.hpp
+/// Text: corpora of records (the fortune-cookie databases of Debian's `fortunes*` packages, or
+/// your own records), a deterministic train/val/test split by record, a byte-level tokenizer,
+/// and the datasets a language model and a text classifier train on. docs/language-models.md.
+///
+/// ```cpp
+/// auto corpus = baton::text::fortunes({.languages = {"en", "de"}});       // records, deduplicated
+/// auto train  = baton::text::split(*corpus, baton::text::Part::train);    // by record, stable
+/// auto lm     = baton::text::lm_windows(train, {.block_size = 128});      // x = t[i, i+T), y = t[i+1, i+T+1)
+/// ```
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "baton/data.hpp"
+#include "baton/error.hpp"
+
+namespace baton::text {
+
+/// One record of a corpus: its UTF-8 text and where it came from.
+struct Record {
+  std::string text{};
+  std::string language{};  ///< "en", "de", ...: the corpus's directory
+  std::string topic{};     ///< the file it came from: "computers", "science", ...
+};
+
+/// A corpus: its records in a fixed order (by language, then file name, then position), and what
+/// reading it dropped, counted.
+struct Corpus {
+  std::vector<Record> records{};
+  std::int64_t files = 0;            ///< files read
+  std::int64_t duplicates = 0;       ///< records dropped as the same text as an earlier one
+  std::int64_t undecodable = 0;      ///< records dropped as not UTF-8 (FortunesOptions::skip_undecodable)
+  std::int64_t overstrikes = 0;      ///< records that held backspace overstrikes (cleaned, kept)
+  std::int64_t empty = 0;            ///< records empty once cleaned (dropped)
+};
+
+/// Where Debian's fortunes packages install their databases.
+inline const std::filesystem::path fortunes_dir = "/usr/share/games/fortunes";
+
+/// Which fortune databases to read, and how.
+///
+/// Policy: a language is a directory: "en" is `dir` itself (package `fortunes`), another one its
+/// subdirectory (`de`, `es`, `it`, `ru`, `pl`: packages `fortunes-de`, ...). A topic is a regular
+/// file there; symbolic links (the top directory's links to Italian files), `.dat` indexes and
+/// `.u8` files (links to, or empty copies of, the plain file) are not read. Records are separated
+/// by lines holding only `%`. A record is cleaned: backspace overstrikes ("_\bx" underlining,
+/// "x\bx" bold) become the character they print, and trailing whitespace and blank edge lines go.
+/// Then it must be UTF-8: a record that is not is an error naming the file and line, or, with
+/// `skip_undecodable`, a counted skip. The same text read twice is kept once (its first place).
+struct FortunesOptions {
+  std::filesystem::path dir = fortunes_dir;
+  std::vector<std::string> languages = {"en"};
+  std::vector<std::string> topics{};   ///< empty: every topic file of those languages
+  bool skip_undecodable = false;
+};
+
+/// Reads fortune databases (see FortunesOptions for the policy). Errors: a missing directory or
+/// language, a topic not found, a file that cannot be read, undecodable bytes (file:line), or no
+/// record at all.
+Expected<Corpus> fortunes(const FortunesOptions& options = {});
+
+/// Splits `text` into records at lines holding only `%` and cleans them as `fortunes` does;
+/// `source` names the text in errors ("computers:120"). Exposed for your own record files.
+Expected<Corpus> parse_records(const std::string& text, const std::string& source, const std::string& language,
+                               const std::string& topic, bool skip_undecodable = false);
+
+/// The part of a split.
+enum class Part { train, val, test };
+
+/// The fractions of a split. Keep them the same in every dataset of a curriculum: then a record's
+/// part is the same for the pretraining and for every downstream task, and no validation or test
+/// record of any task is trained on.
+struct SplitOptions {
+  double val = 0.05;
+  double test = 0.05;
+};
+
+/// The records of one part: a record's part is a function of its text alone (a hash), not of
+/// the corpus it is in or its position, so a record is in the same part in every corpus that
+/// holds it. Order kept.
+std::vector<Record> split(const Corpus& corpus, Part part, const SplitOptions& options = {});
+
+/// A tokenizer without training: each UTF-8 byte is a token (0-255), then the special tokens.
+/// Its bits per token are bits per byte.
+struct ByteTokenizer {
+  static constexpr std::int64_t end_of_text = 256;  ///< between records in a stream
+  static constexpr std::int64_t pad = 257;          ///< fills a classifier's input to its length
+  static constexpr std::int64_t vocab_size = 258;
+  /// "bytes-v1": what a run's fingerprint holds.
+  [[nodiscard]] static std::string identity() { return "bytes-v1"; }
+  [[nodiscard]] static std::vector<std::int64_t> encode(const std::string& text);
+  /// The text of tokens; special tokens become "\n" (end of text) and nothing (padding). A token
+  /// outside [0, vocab_size) is an error naming it.
+  [[nodiscard]] static Expected<std::string> decode(const std::vector<std::int64_t>& tokens);
+};
+
+/// Options of a language-model dataset.
+struct LmOptions {
+  std::int64_t block_size = 128;  ///< T: the positions of a window
+  std::string name = "lm";
+};
+
+/// Windows over the records' tokens joined into one stream (each record followed by
+/// end_of_text): sample i of epoch e is x = stream[s, s+T), y = stream[s+1, s+T+1) with
+/// s = (i * T + phase(seed, e)) mod (length - T), the phase a pure function of the fit's data
+/// seed and the epoch (evaluation: phase 0). So an epoch covers the stream once in windows that
+/// do not overlap, each epoch cut elsewhere, and any split or resume sees the same windows.
+/// Inputs and targets are int64 [T]. Error: fewer than T + 1 tokens.
+Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions& options = {});
+
+/// Options of a text-classification dataset.
+struct ClassificationOptions {
+  std::int64_t length = 256;  ///< tokens per sample: longer records keep their first `length` bytes
+  std::string label = "topic";  ///< "topic" or "language": what a record's class is
+  /// The classes in label order; empty: the labels of the records, sorted.
+  std::vector<std::string> classes{};
+  std::string name = "text";
+};
+
+/// A classification dataset in memory: inputs int64 [N, length], a record's bytes then `pad`
+/// (truncated to `length` when longer), targets int64 [N] the index of its label in `classes`.
+/// Errors: no records, a record whose label is not among `classes`.
+Expected<Dataset> classification(const std::vector<Record>& records, const ClassificationOptions& options = {});
+
+/// The labels of `records` with at least `min_records` records in the part `Part::train` of
+/// them, sorted: the topics with enough records to learn and measure.
+std::vector<std::string> labels_with(const std::vector<Record>& records, const std::string& label, std::int64_t min_records);
+
+}  // namespace baton::text

@@ -1,0 +1,92 @@
+// The text datasets (text.hpp): language-model windows over a token stream, and records as
+// padded token rows with a class.
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "baton/text.hpp"
+#include "detail.hpp"
+
+namespace baton::text {
+namespace {
+
+/// Windows of T tokens over one stream; which windows an epoch gives is a pure function of
+/// (seed, epoch, index), so workers, splits and resumes agree.
+class LmSource final : public Source {
+ public:
+  LmSource(torch::Tensor stream, std::int64_t block, std::string identity)
+      : stream_(std::move(stream)), block_(block), identity_(std::move(identity)) {}
+  std::int64_t size() const override { return (stream_.size(0) - 1) / block_; }
+  std::vector<std::int64_t> input_shape() const override { return {block_}; }
+  std::int64_t classes() const override { return 0; }
+  std::string identity() const override { return identity_; }
+
+  Expected<Batch> batch(const torch::Tensor& indices, const SampleContext& context) const override {
+    const std::int64_t room = stream_.size(0) - block_;  // window starts in [0, room)
+    std::int64_t phase = 0;
+    if (context.epoch >= 0) {
+      std::uint64_t x = context.seed ^ (static_cast<std::uint64_t>(context.epoch) * 0xD1B54A32D192ED03ULL);
+      phase = static_cast<std::int64_t>(detail::splitmix64(x) % static_cast<std::uint64_t>(room));
+    }
+    const auto starts = (indices.to(torch::kLong) * block_ + phase).remainder(room);
+    const auto at = starts.unsqueeze(1) + torch::arange(block_ + 1, torch::kLong).unsqueeze(0);  // [B, T + 1]
+    const auto rows = stream_.index({at});
+    return Batch{rows.narrow(1, 0, block_).contiguous(), rows.narrow(1, 1, block_).contiguous()};
+  }
+
+ private:
+  torch::Tensor stream_;  // int64 [L]
+  std::int64_t block_;
+  std::string identity_;
+};
+}  // namespace
+
+Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions& o) {
+  if (o.block_size < 1) return fail(ErrorCode::invalid_argument, fmt::format("lm: block_size must be at least 1, got {}", o.block_size));
+  std::vector<std::int64_t> tokens;
+  for (const auto& r : records) {
+    const auto t = ByteTokenizer::encode(r.text);
+    tokens.insert(tokens.end(), t.begin(), t.end());
+    tokens.push_back(ByteTokenizer::end_of_text);
+  }
+  if (static_cast<std::int64_t>(tokens.size()) < o.block_size + 1)
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("lm \"{}\": {} records give {} tokens, fewer than block_size + 1 = {}; an empty corpus or part?",
+                            o.name, records.size(), tokens.size(), o.block_size + 1));
+  auto stream = torch::tensor(tokens, torch::kLong);
+  const auto identity = fmt::format("lm windows of {} tokens ({}) over {} tokens, sha256 {}", o.block_size,
+                                    ByteTokenizer::identity(), tokens.size(), detail::tensor_digest(stream).substr(0, 16));
+  return make_dataset(std::make_shared<LmSource>(std::move(stream), o.block_size, identity), o.name);
+}
+
+Expected<Dataset> classification(const std::vector<Record>& records, const ClassificationOptions& o) {
+  if (o.length < 1) return fail(ErrorCode::invalid_argument, fmt::format("text: length must be at least 1, got {}", o.length));
+  if (o.label != "topic" && o.label != "language")
+    return fail(ErrorCode::invalid_argument, fmt::format("text: label \"{}\" is not one of topic, language", o.label));
+  if (records.empty()) return fail(ErrorCode::invalid_argument, fmt::format("text \"{}\": no records", o.name));
+  auto label_of = [&](const Record& r) -> const std::string& { return o.label == "language" ? r.language : r.topic; };
+  auto classes = o.classes;
+  if (classes.empty()) classes = labels_with(records, o.label, 1);
+  std::map<std::string, std::int64_t> index;
+  for (std::size_t i = 0; i < classes.size(); ++i) index[classes[i]] = static_cast<std::int64_t>(i);
+  const auto n = static_cast<std::int64_t>(records.size());
+  auto inputs = torch::full({n, o.length}, ByteTokenizer::pad, torch::kLong);
+  auto targets = torch::empty({n}, torch::kLong);
+  auto* x = inputs.data_ptr<std::int64_t>();
+  auto* y = targets.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto& r = records[static_cast<std::size_t>(i)];
+    const auto it = index.find(label_of(r));
+    if (it == index.end())
+      return fail(ErrorCode::invalid_argument, fmt::format("text \"{}\": record {} has {} \"{}\", not one of the classes {}",
+                                                           o.name, i, o.label, label_of(r), fmt::join(classes, ", ")));
+    y[i] = it->second;
+    const auto take = std::min<std::int64_t>(o.length, static_cast<std::int64_t>(r.text.size()));
+    for (std::int64_t k = 0; k < take; ++k) x[i * o.length + k] = static_cast<unsigned char>(r.text[static_cast<std::size_t>(k)]);
+  }
+  return make_dataset(std::move(inputs), std::move(targets), o.name);
+}
+
+}  // namespace baton::text
