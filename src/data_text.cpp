@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "baton/text.hpp"
+#include "data_internal.hpp"
 #include "detail.hpp"
 
 namespace baton::text {

@@ -4,12 +4,14 @@
 #include <set>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "baton/baton.hpp"
 #include "baton/testing.hpp"
 #include "baton/text.hpp"
 #include "helpers.hpp"
+#include "process.hpp"
 
 using baton::text::ByteTokenizer;
 using test::ok;
@@ -101,8 +103,16 @@ TEST_CASE("fortunes from the Debian packages: English topics only, no Italian li
   for (const auto& r : c.records) REQUIRE(r.text.find('\b') == std::string::npos);
   auto all = ok(baton::text::fortunes({.languages = {"en", "de", "es", "it", "ru", "pl"}}));
   CHECK(all.records.size() > 70000);
-  const auto topic_classes = baton::text::labels_with(baton::text::split(c, baton::text::Part::train), "topic", 200);
+  const auto train = baton::text::split(c, baton::text::Part::train);
+  const auto topic_classes = baton::text::labels_with(train, "topic", 200);
   CHECK(topic_classes.size() == 21);
+  // The Python baseline (benchmarks/tfidf_topic.py) reads and splits the corpus by its own code
+  // of the same policy: the same records, duplicates and parts, or its figures compare nothing.
+  const auto py = test::shell("python3 " BATON_SOURCE_DIR "/benchmarks/tfidf_topic.py --check");
+  REQUIRE(py.rc == 0);
+  CHECK(py.out == fmt::format("records {} duplicates {} train {} val {} test {} classes {}\n", c.records.size(), c.duplicates,
+                              train.size(), baton::text::split(c, baton::text::Part::val).size(),
+                              baton::text::split(c, baton::text::Part::test).size(), topic_classes.size()));
 }
 
 TEST_CASE("text split: parts are disjoint, cover the corpus, and a record's part does not depend on its corpus", "[text]") {

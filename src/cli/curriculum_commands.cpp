@@ -11,6 +11,7 @@
 #include "baton/sweep.hpp"
 #include "baton/time.hpp"
 #include "commands.hpp"
+#include "launch.hpp"
 
 namespace baton::cli {
 
