@@ -46,7 +46,7 @@ struct SweepOptions {
   std::filesystem::path dir{};         ///< the sweep directory (created if missing)
   std::vector<std::string> sets{};     ///< overrides for every point, before the point's own
   std::vector<SweepPoint> points{};    ///< at least one
-  std::string metric{};                ///< "set/metric" that ranks the points; empty: the accuracy of the first set the last stage evaluates
+  std::string metric{};                ///< "set/metric" that ranks the points; empty: the accuracy of the first set the last stage evaluates (its first listed metric when it lists metrics without accuracy)
   bool maximize = true;                ///< the best point has the largest metric (false: the smallest)
   bool progress = true;                ///< progress lines on stdout
   bool report = true;                  ///< write dir/report.html: every node's metrics overlaid

@@ -140,15 +140,17 @@ Expected<std::vector<Plan>> plans_of(const fs::path& file, const SweepOptions& o
   return out;
 }
 
-/// "set/metric": the option, else the first set the last stage evaluates (in the shipped
-/// curriculum the validation set, listed before test: a sweep must not choose on test) with its
-/// first listed metric that has a value of its own (a language model's bits_per_token), or accuracy.
+/// "set/metric": the option, else of the first set the last stage evaluates (in the shipped
+/// curriculum the validation set, listed before test: a sweep must not choose on test) its
+/// accuracy, or when the stage lists metrics without accuracy, the first listed one that has a
+/// value of its own (a language model's bits_per_token).
 std::string ranking_metric(const SweepOptions& o, const TrainingSpec& last) {
   if (!o.metric.empty()) return o.metric;
   if (!last.evaluation || last.evaluation->spec.sets.empty()) return "";
   const auto& e = last.evaluation->spec;
+  const bool accuracy = e.metrics.empty() || std::any_of(e.metrics.begin(), e.metrics.end(), [](const Metric& m) { return m.name == "accuracy"; });
   const auto first = std::find_if(e.metrics.begin(), e.metrics.end(), [](const Metric& m) { return m.scalar; });
-  return e.sets.front().first + "/" + (first == e.metrics.end() ? std::string("accuracy") : first->name);
+  return e.sets.front().first + "/" + (accuracy || first == e.metrics.end() ? std::string("accuracy") : first->name);
 }
 
 fs::path node_dir(const SweepOptions& o, const Plan& p, std::size_t level) {
