@@ -60,7 +60,7 @@ baton::TrainingSpec lm_spec(const baton::Dataset& data, baton::Time duration) {
 }
 }  // namespace
 
-TEST_CASE("fortunes: links, .u8 and .dat files are not read; overstrikes cleaned; duplicates kept once", "[text]") {
+TEST_CASE("fortunes: links, .u8 and .dat files are not read, overstrikes cleaned, duplicates kept once", "[text]") {
   test::TempDir tmp;
   fake_fortunes(tmp.path);
   auto c = ok(baton::text::fortunes({.dir = tmp.path, .languages = {"en", "de"}}));
@@ -133,7 +133,7 @@ TEST_CASE("text split: parts are disjoint, cover the corpus, and a record's part
   for (const auto& r : train) CHECK(val_texts.count(r.text) == 0);
 }
 
-TEST_CASE("lm windows: targets are inputs shifted by one; windows are a pure function of seed, epoch and index", "[text]") {
+TEST_CASE("lm windows: targets are inputs shifted by one, windows are a pure function of seed, epoch and index", "[text]") {
   const auto data = ok(baton::text::lm_windows(some_records(50), {.block_size = 16}));
   const auto idx = torch::arange(data.size(), torch::kLong);
   const auto a = ok(data.gather(idx, {.seed = 3, .epoch = 1}));
@@ -149,7 +149,7 @@ TEST_CASE("lm windows: targets are inputs shifted by one; windows are a pure fun
   CHECK_FALSE(baton::text::lm_windows(some_records(0), {.block_size = 16}));
 }
 
-TEST_CASE("text classification: a record's bytes then padding, truncated to length; labels in class order", "[text]") {
+TEST_CASE("text classification: a record's bytes then padding, truncated to length, labels in class order", "[text]") {
   std::vector<baton::text::Record> r = {{"abc", "en", "b"}, {"0123456789", "en", "a"}};
   const auto d = ok(baton::text::classification(r, {.length = 6}));
   CHECK(d.inputs[0].equal(torch::tensor({97, 98, 99, 257, 257, 257}, torch::kLong)));
