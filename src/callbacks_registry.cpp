@@ -15,23 +15,14 @@ Expected<Callback> from_name(const std::string& name, const Params& params) {
   const std::vector<std::string> known = {"train_monitor", "lr_monitor", "throughput", "memory_monitor",
                                           "grad_norm_monitor", "nan_monitor", "early_stopping", "threshold_stop"};
   auto mode = [&](Mode fallback) {
-    auto it = params.find("mode");
-    r.seen("mode");
-    if (it == params.end()) return fallback;
-    const auto* s = std::get_if<std::string>(&it->second);
-    if (s && *s == "max") return Mode::max;
-    if (s && *s == "min") return Mode::min;
-    r.problem(fmt::format("callbacks.{}.mode: expected \"max\" or \"min\"", name));
+    const auto s = r.text("mode");  // a value that is not a string is a problem already
+    if (s == "max") return Mode::max;
+    if (s == "min") return Mode::min;
+    if (!s.empty() || (params.count("mode") && std::holds_alternative<std::string>(params.at("mode"))))
+      r.problem(fmt::format("callbacks.{}.mode: expected \"max\" or \"min\"", name));
     return fallback;
   };
-  auto text = [&](const std::string& key, std::string fallback) {
-    auto it = params.find(key);
-    r.seen(key);
-    if (it == params.end()) return fallback;
-    if (const auto* s = std::get_if<std::string>(&it->second)) return *s;
-    r.problem(fmt::format("callbacks.{}.{}: expected a text", name, key));
-    return fallback;
-  };
+  auto text = [&](const std::string& key, std::string fallback) { return r.text(key, std::move(fallback)); };
   // A whole number of batches, or a time ("0.5ep", "1000sp", "0.1dur") more than zero.
   auto every = [&]() -> MonitorOptions {
     auto it = params.find("every");

@@ -55,16 +55,28 @@ Loss token_cross_entropy(std::int64_t ignore_index) {
                                                            c10::toString(target.scalar_type())));
     const auto flat = target.reshape({-1});
     const auto real = flat.ne(ignore_index);
-    const auto bad = real.logical_and(flat.lt(0).logical_or(flat.ge(out.size(2))));
-    if (bad.any().item<bool>())
-      detail::raise(ErrorCode::shape_mismatch,
-                    fmt::format("token_cross_entropy: target token {} is outside the vocabulary [0, {}) of the output {}",
-                                flat.masked_select(bad)[0].item<std::int64_t>(), out.size(2), detail::shape_string(out)));
+    // A target outside the vocabulary: on the CPU cross_entropy finds it itself (its error is
+    // translated below, no extra pass); on an accelerator it would be a device-side assert, so
+    // the targets are checked first there.
+    auto out_of_range = [&] {
+      const auto bad = real.logical_and(flat.lt(0).logical_or(flat.ge(out.size(2))));
+      if (bad.any().item<bool>())
+        detail::raise(ErrorCode::shape_mismatch,
+                      fmt::format("token_cross_entropy: target token {} is outside the vocabulary [0, {}) of the output {}",
+                                  flat.masked_select(bad)[0].item<std::int64_t>(), out.size(2), detail::shape_string(out)));
+    };
+    if (!flat.is_cpu()) out_of_range();
     const auto n = real.sum();
     // Summed, then divided by the real tokens: a batch of padding only is 0, not 0/0.
-    const auto sum = torch::nn::functional::cross_entropy(
-        out.reshape({-1, out.size(2)}), flat,
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index).reduction(torch::kSum));
+    torch::Tensor sum;
+    try {
+      sum = torch::nn::functional::cross_entropy(
+          out.reshape({-1, out.size(2)}), flat,
+          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index).reduction(torch::kSum));
+    } catch (const c10::Error&) {
+      out_of_range();  // raises when a target was the cause
+      throw;
+    }
     return sum / n.clamp_min(1).to(sum.scalar_type());
   };
   l.units = [ignore_index](const torch::Tensor& target) { return static_cast<double>(target.ne(ignore_index).sum().item<std::int64_t>()); };

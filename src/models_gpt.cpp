@@ -90,12 +90,8 @@ struct GptImpl : nn::Module {
                 "gpt needs int64 token ids [batch, positions], got ", x.sizes(), " ", x.scalar_type());
     const auto T = x.size(1);
     TORCH_CHECK(T >= 1 && T <= o.block_size, "gpt: ", T, " positions is more than block_size ", o.block_size);
-    // CPU sync point (one reduction): an id past the embedding would read out of its bounds.
-    const auto [lo, hi] = torch::aminmax(x);
-    TORCH_CHECK(lo.item<std::int64_t>() >= 0 && hi.item<std::int64_t>() < o.vocab, "gpt: token ids must be in [0, ", o.vocab,
-                "), got ", lo.item<std::int64_t>(), " to ", hi.item<std::int64_t>(), "; does the tokenizer match the model?");
     const auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
-    auto y = wte(x) + wpe(pos).unsqueeze(0);
+    auto y = embed(x) + wpe(pos).unsqueeze(0);
     if (o.dropout > 0) y = nn::functional::dropout(y, nn::functional::DropoutFuncOptions().p(o.dropout).training(is_training()));
     for (const auto& block : *h) y = block->as<Block>()->forward(y);
     y = ln_f(y);
@@ -106,6 +102,28 @@ struct GptImpl : nn::Module {
                                 : positions.masked_fill(x.eq(o.pad), 0).amax(1);
     const auto at = last.view({-1, 1, 1}).expand({x.size(0), 1, y.size(2)});
     return head(y.gather(1, at).squeeze(1));
+  }
+
+  /// The token embeddings of `x`, an id outside the vocabulary a clear error. On the CPU the
+  /// embedding checks its indices itself, and its error is translated (no extra pass over the
+  /// ids); on an accelerator a bad id would be a device-side assert, so the ids are checked first
+  /// (one reduction and sync).
+  torch::Tensor embed(const torch::Tensor& x) {
+    auto range_error = [&] {
+      const auto [lo, hi] = torch::aminmax(x);
+      return c10::str("gpt: token ids must be in [0, ", o.vocab, "), got ", lo.item<std::int64_t>(), " to ",
+                      hi.item<std::int64_t>(), "; does the tokenizer match the model?");
+    };
+    if (!x.is_cpu()) {
+      const auto [lo, hi] = torch::aminmax(x);
+      TORCH_CHECK(lo.item<std::int64_t>() >= 0 && hi.item<std::int64_t>() < o.vocab, range_error());
+      return wte(x);
+    }
+    try {
+      return wte(x);
+    } catch (const c10::IndexError&) {
+      TORCH_CHECK(false, range_error());
+    }
   }
 
   GptOptions o;

@@ -44,6 +44,33 @@ class ParamReader {
     problem(fmt::format("{}.{}: expected true or false", what_, key));
     return fallback;
   }
+  /// A string; another type is a problem. `fallback` when the key is absent.
+  std::string text(const std::string& key, std::string fallback = {}) {
+    seen_.push_back(key);
+    auto it = params_.find(key);
+    if (it == params_.end()) return fallback;
+    if (const auto* s = std::get_if<std::string>(&it->second)) return *s;
+    problem(fmt::format("{}.{}: expected a string", what_, key));
+    return fallback;
+  }
+  /// A string that must be given; `needs` says what it names (in the problem when it is absent).
+  std::string required_text(const std::string& key, const std::string& needs) {
+    if (!params_.count(key)) {
+      seen_.push_back(key);
+      problem(fmt::format("{}.{}: required ({})", what_, key, needs));
+      return {};
+    }
+    return text(key);
+  }
+  /// A list of strings; `fallback` when the key is absent.
+  std::vector<std::string> texts(const std::string& key, std::vector<std::string> fallback = {}) {
+    seen_.push_back(key);
+    auto it = params_.find(key);
+    if (it == params_.end()) return fallback;
+    if (const auto* v = std::get_if<std::vector<std::string>>(&it->second)) return *v;
+    problem(fmt::format("{}.{}: expected a list of strings", what_, key));
+    return fallback;
+  }
   Time time(const std::string& key, Time fallback) {
     seen_.push_back(key);
     auto it = params_.find(key);

@@ -127,8 +127,9 @@ struct ClassificationOptions {
 /// Errors: no records, a record whose label is not among `classes`.
 Expected<Dataset> classification(const std::vector<Record>& records, const ClassificationOptions& options = {});
 
-/// The labels of `records` with at least `min_records` records in the part `Part::train` of
-/// them, sorted: the topics with enough records to learn and measure.
+/// The labels (`label`: "topic" or "language") held by at least `min_records` of the given
+/// `records`, sorted: pass the whole corpus to pick the topics with enough records to learn and
+/// measure, whatever part is trained on.
 std::vector<std::string> labels_with(const std::vector<Record>& records, const std::string& label, std::int64_t min_records);
 
 }  // namespace baton::text

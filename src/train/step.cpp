@@ -74,14 +74,22 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
   const double loss_scale = begin_loss_scale(spec, s);  // 1 without loss scaling
   // A loss that counts its terms (tokens) weights each microbatch by its share of the global
   // batch's terms: the step's loss is then their mean, however the batch was cut.
+  // Each microbatch's units are counted once; their sum (over ranks) is the step's.
+  std::vector<double> micro_units;
   double all_units = 0.0;
-  if (spec.loss.units) all_units = dp.sum(spec.loss.units(batch.targets));
-  for (std::int64_t start = 0; start < total; start += micro) {
+  if (spec.loss.units) {
+    for (std::int64_t start = 0; start < total; start += micro)
+      micro_units.push_back(spec.loss.units(batch.targets.narrow(0, start, std::min(micro, total - start))));
+    double here = 0.0;
+    for (double u : micro_units) here += u;
+    all_units = dp.sum(here);
+  }
+  for (std::int64_t start = 0, index = 0; start < total; start += micro, ++index) {
     const std::int64_t size = std::min(micro, total - start);
     const bool whole = size == total;
     const auto inputs = whole ? batch.inputs : batch.inputs.narrow(0, start, size);
     auto targets = whole ? batch.targets : batch.targets.narrow(0, start, size);
-    const double units = spec.loss.units ? spec.loss.units(targets) : 0.0;
+    const double units = spec.loss.units ? micro_units[static_cast<std::size_t>(index)] : 0.0;
     const torch::Tensor loss = microbatch_loss(spec, s, inputs, std::move(targets), hooks, actx);
     // CPU sync point (cheap on CPU): a non-finite loss must stop us before the step is applied.
     const double value = loss.item<double>();
