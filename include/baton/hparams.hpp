@@ -50,6 +50,10 @@ struct DatasetEntry {
   std::vector<std::string> keys{};
   std::function<Expected<Dataset>(const Params&)> load{};
   std::string help{};
+  /// What an inference card says of this kind's inputs beyond their shape (`Curriculum::
+  /// model_card`): e.g. text kinds set `input` tokens, the tokenizer and the class names. Empty:
+  /// nothing more.
+  std::function<Expected<void>(const Params&, ModelCard&)> describe{};
 };
 
 /// The names a curriculum file may use for models and dataset kinds. Add your own and pass the

@@ -27,9 +27,9 @@
 
 namespace baton {
 
-/// What raw inputs are: pixels (uint8, scaled to [0, 1] and normalized as in training) or
-/// feature columns (float, taken as they are).
-enum class InputKind { image, features };
+/// What raw inputs are: pixels (uint8, scaled to [0, 1] and normalized as in training), feature
+/// columns (float, taken as they are), or token ids (int64, from text by the card's tokenizer).
+enum class InputKind { image, features, tokens };
 
 /// What a deployed model is and what it expects, stored in the artifact beside its weights.
 struct ModelCard {
@@ -42,6 +42,9 @@ struct ModelCard {
   double std = 1.0;
   std::vector<std::string> columns{};     ///< features: the CSV columns, in input order (empty: by position)
   std::vector<std::string> classes{};     ///< class names by index (empty: indices only)
+  /// Tokens: the tokenizer that turns text into the model's ids ("bytes-v1": text::ByteTokenizer).
+  /// `input_shape` is {T}, the longest input; a classifier's inputs are padded to T.
+  std::string tokenizer{};
   std::string weights{};                  ///< whose weights: "" (the model's), "ema" or "swa"
   std::string origin{};                   ///< where they came from (state file, stage, time, params_sha256)
 };
@@ -50,6 +53,15 @@ struct ModelCard {
 struct Predictions {
   torch::Tensor classes{};      ///< int64 [N]: the most likely class (the first of equal logits)
   torch::Tensor probabilities{};  ///< float32 [N, classes]: softmax of the logits
+};
+
+/// How `Predictor::generate` picks each next token.
+struct GenerateOptions {
+  std::int64_t max_tokens = 200;  ///< at most this many new tokens
+  double temperature = 1.0;       ///< logits / temperature before sampling; 0: always the most likely token
+  std::int64_t top_k = 0;         ///< sample among the k most likely tokens only (0: all)
+  std::uint64_t seed = 0;         ///< the sampling generator's seed: the same seed gives the same text
+  bool stop_at_end = true;        ///< stop at the tokenizer's end-of-text token (not part of the text)
 };
 
 /// A model ready to predict. Holds no mutable state: share it between threads.
@@ -61,11 +73,21 @@ class Predictor {
   /// [N, H, W] or [N, C, H, W] scaled (and normalized) exactly as the training data was; features
   /// [N, columns] as float32. Checks the shape against `card().input_shape`.
   [[nodiscard]] Expected<torch::Tensor> prepare(const torch::Tensor& raw) const;
-  /// The model's outputs [N, classes] for prepared inputs [N, input_shape...], in eval mode, in
+  /// The model's outputs [N, classes] (a language model's: [N, positions, vocab]) for prepared
+  /// inputs [N, input_shape...] (tokens: [N, 1 to T]), in eval mode, in
   /// batches of `batch_size` (256 as `eval`, so that the same inputs give the same bits).
   [[nodiscard]] Expected<torch::Tensor> logits(const torch::Tensor& prepared, std::int64_t batch_size = 256) const;
   /// `prepare`, `logits`, then softmax and argmax.
   [[nodiscard]] Expected<Predictions> predict(const torch::Tensor& raw, std::int64_t batch_size = 256) const;
+  /// A language model's continuation of `prompt` (token ids, 1 to T of them; longer is an error):
+  /// each new token drawn from the last position's logits (eval mode, `options`); past T tokens
+  /// the model sees the last T. Only the new tokens are returned. Needs a tokens card whose model
+  /// answers [N, positions, vocab].
+  [[nodiscard]] Expected<std::vector<std::int64_t>> generate_tokens(const std::vector<std::int64_t>& prompt,
+                                                                    const GenerateOptions& options = {}) const;
+  /// `generate_tokens` on text: the prompt encoded and the new tokens decoded by the card's
+  /// tokenizer. An empty prompt starts from the end-of-text token (a new record).
+  [[nodiscard]] Expected<std::string> generate(const std::string& prompt, const GenerateOptions& options = {}) const;
 
   struct Impl;
   explicit Predictor(std::shared_ptr<const Impl> impl);
@@ -92,6 +114,11 @@ Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, co
 Expected<Predictor> load_for_inference(const std::filesystem::path& artifact, const ModelFactory& model,
                                        c10::Device device = c10::Device(c10::kCPU));
 
+/// Text as a tokens card's model takes it: each text encoded by the card's tokenizer, cut to the
+/// card's T tokens (the first T: the policy of training's text datasets) and padded to T.
+/// Errors: a card that is not of tokens, a tokenizer this baton does not know.
+Expected<torch::Tensor> encode_texts(const std::vector<std::string>& texts, const ModelCard& card);
+
 /// Inputs read from a file for a card, ready for `Predictor::predict`.
 struct InputBatch {
   std::vector<std::string> ids{};  ///< one per input: the row number, or the image's file name
@@ -101,7 +128,8 @@ struct InputBatch {
 /// Reads inputs for `card` from `path`: an IDX file of images (plain or .gz, as Fashion-MNIST's),
 /// an image file (PNG, JPEG, BMP, PGM/PPM), a directory of image files (in name order), or, for
 /// feature cards, a CSV file with a header (columns taken by the card's names, so a target column
-/// or a different order does no harm). Images must have the card's size and channels (no
+/// or a different order does no harm); for token cards, a UTF-8 text file with one input per line
+/// (`encode_texts`; ids are line numbers). Images must have the card's size and channels (no
 /// resizing). Errors name the file and what does not fit.
 Expected<InputBatch> read_inputs(const std::filesystem::path& path, const ModelCard& card);
 

@@ -44,6 +44,10 @@ Expected<StateDict> read_state_dict(const std::filesystem::path& path);
 /// `baton/card.json`. Checks the card against the model first: one sample of `input_shape` must
 /// go through it, and the class names (when given) must match its outputs. Replaced atomically.
 Expected<void> save_for_inference(const TrainState& state, const ModelCard& card, const std::filesystem::path& path);
+/// A predictor of `state`'s weights (`card.weights` names which) described by `card`, without a
+/// file: what `load_for_inference` of the artifact `save_for_inference` writes would give, e.g.
+/// to generate text from a state in memory (`Curriculum::model_card` gives the card).
+Expected<Predictor> predictor(const TrainState& state, const ModelCard& card, c10::Device device = c10::Device(c10::kCPU));
 
 /// How a state dict's names become a model's.
 struct ImportOptions {

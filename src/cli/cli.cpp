@@ -356,6 +356,24 @@ int main(int argc, char** argv, const Registry& registry) {
   predict_cmd->add_option("--batch-size", predict_args.batch_size, "Inputs per forward pass (default 256)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
 
+  GenerateArgs generate_args;
+  auto* generate_cmd = app.add_subcommand("generate", "Text a language model continues from a prompt: from an inference "
+                                                      "artifact (baton export --inference) or a checkpoint of a run");
+  generate_cmd->add_option("source", generate_args.source, "Inference artifact, or checkpoint file (.baton)")
+      ->required()->check(CLI::ExistingFile);
+  generate_cmd->add_option("--prompt", generate_args.prompt, "The text to continue (default: none, a new record)");
+  generate_cmd->add_option("--max-tokens", generate_args.options.max_tokens, "At most this many new tokens (default 200)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+  generate_cmd->add_option("--temperature", generate_args.options.temperature,
+                           "Logits / temperature before sampling; 0 takes the most likely token (default 1)")
+      ->check(CLI::Range(0.0, 1e6));
+  generate_cmd->add_option("--top-k", generate_args.options.top_k, "Sample among the k most likely tokens (default 0: all)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  generate_cmd->add_option("--seed", generate_args.options.seed, "Sampling seed: the same seed gives the same text (default 0)");
+  generate_cmd->add_option("--samples", generate_args.samples, "Texts to generate, sample i with seed + i (default 1)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{10000}));
+  generate_cmd->add_option("--config", generate_args.config, "A checkpoint's curriculum file (default: config.toml beside it)");
+
   std::string inspect_path;
   auto* inspect_cmd = app.add_subcommand("inspect", "Print a checkpoint's header as JSON (timestamp, stage, params_sha256)");
   inspect_cmd->add_option("path", inspect_path, "Checkpoint file (.baton)")->required()->check(CLI::ExistingFile);
@@ -396,6 +414,7 @@ int main(int argc, char** argv, const Registry& registry) {
     if (*export_cmd) return export_weights(export_args, registry);
     if (*pack_cmd) return pack(pack_args, registry);
     if (*predict_cmd) return predict(predict_args, registry);
+    if (*generate_cmd) return generate(generate_args, registry);
     if (*report_cmd) return write_report(report_dirs, report_out);
   } catch (const std::exception& e) {  // I/O of logs and the like: say it and fail cleanly
     fmt::print(stderr, "baton: {}\n", e.what());

@@ -46,6 +46,17 @@ struct PredictArgs {
 /// `baton predict`: the class of every input (CSV: input, class, name, probability).
 int predict(const PredictArgs& args, const Registry& registry);
 
+/// What `baton generate` is asked for.
+struct GenerateArgs {
+  std::string source;  ///< an inference artifact, or a checkpoint (.baton) of a run
+  std::string config;  ///< a checkpoint's curriculum (default: config.toml beside it)
+  std::string prompt;
+  std::int64_t samples = 1;
+  GenerateOptions options{};
+};
+/// `baton generate`: text a language model continues from a prompt.
+int generate(const GenerateArgs& args, const Registry& registry);
+
 /// What `baton pack` is asked for.
 struct PackArgs {
   std::string config, data, out;

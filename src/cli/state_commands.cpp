@@ -194,7 +194,8 @@ int export_weights(const ExportArgs& a, const Registry& registry) {
     if (auto ok = save_for_inference(*state, *card, a.out); !ok) return report(ok.error());
     fmt::print("{}: inference artifact: model \"{}\", {} [{}], {} class names{}; classify with: baton predict {} INPUT "
                "(Python's torch.load reads it as the state_dict)\n",
-               a.out, card->model, card->input == InputKind::image ? "images" : "features", fmt::join(card->input_shape, ", "),
+               a.out, card->model, card->input == InputKind::image ? "images" : card->input == InputKind::tokens ? "tokens" : "features",
+               fmt::join(card->input_shape, ", "),
                card->classes.size(), a.weights.empty() ? "" : ", the " + a.weights + " weights", a.out);
     return exit_ok;
   }
@@ -240,4 +241,32 @@ int predict(const PredictArgs& a, const Registry& registry) {
   return exit_ok;
 }
 
+
+int generate(const GenerateArgs& a, const Registry& registry) {
+  // A checkpoint: its run's curriculum describes the model (the card export --inference writes).
+  Expected<Predictor> predictor = tl::unexpected(Error{});
+  if (read_checkpoint_info(a.source)) {
+    auto cur = run_config(a.source, a.config, registry);
+    if (!cur) return report(cur.error());
+    auto state = saved_state(*cur, a.source);
+    if (!state) return report(state.error());
+    ExportArgs from;
+    from.state = a.source;
+    auto card = card_for(from, *cur);
+    if (!card) return report(card.error());
+    predictor = baton::predictor(*state, *card);
+  } else {
+    predictor = load_for_inference(a.source, registry);
+  }
+  if (!predictor) return report(predictor.error());
+  for (std::int64_t i = 0; i < a.samples; ++i) {
+    auto options = a.options;
+    options.seed = a.options.seed + static_cast<std::uint64_t>(i);  // sample i: seed + i
+    auto text = predictor->generate(a.prompt, options);
+    if (!text) return report(text.error());
+    if (a.samples > 1) fmt::print("--- sample {} (seed {})\n", i + 1, options.seed);
+    fmt::print("{}{}\n", a.prompt, *text);
+  }
+  return exit_ok;
+}
 }  // namespace baton::cli

@@ -164,6 +164,13 @@ Expected<ModelCard> Curriculum::model_card(const std::string& name, const std::s
     const auto at = target.empty() ? header->end() - 1 : std::find(header->begin(), header->end(), target);
     for (auto it = header->begin(); it != header->end(); ++it)
       if (it != at) card.columns.push_back(*it);
+  } else if (!kind.empty()) {
+    const auto& entry = impl_->doc->registry.datasets.at(kind);
+    if (entry.describe) {
+      auto kind_params = impl_->doc->dataset_params(name);
+      if (!kind_params) return tl::unexpected(kind_params.error());
+      if (auto ok = entry.describe(kind_params->second, card); !ok) return tl::unexpected(ok.error());
+    }
   }
   return card;
 }

@@ -152,39 +152,45 @@ void check_datasets(const toml::table& root, const Registry& registry, Problems&
   check_holdout_ranges(*ds, p);
 }
 
+Expected<std::pair<std::string, Params>> Document::dataset_params(const std::string& name) const {
+  const auto* table = root["datasets"][name].as_table();
+  if (!table) {
+    std::vector<std::string> names;
+    if (const auto* ds = root["datasets"].as_table())
+      for (auto&& [k, v] : *ds) names.emplace_back(k.str());
+    for (const auto& [k, v] : bound) names.push_back(k);
+    return fail(ErrorCode::invalid_spec, fmt::format("no dataset \"{}\"; datasets: {}", name, fmt::join(names, ", ")));
+  }
+  const auto kind = (*table)["kind"].value<std::string>().value_or("");
+  if (!registry.datasets.count(kind)) return fail(ErrorCode::invalid_spec, fmt::format("unknown dataset kind \"{}\"", kind));
+  std::vector<std::string> skip = {"kind"};
+  skip.insert(skip.end(), kSelectionKeys.begin(), kSelectionKeys.end());
+  Problems unread{source, {}};  // tables and mixed arrays: each kind's loader says what it needs
+  Params params = to_params(*table, skip, "datasets." + name, unread);
+  // The built-in kinds' input paths, when relative, start at the curriculum file's directory
+  // (as the file's reader expects), not the working directory; the text (and fingerprint) keeps
+  // what the file says.
+  if (auto keys = kPathKeys.find(kind); keys != kPathKeys.end() && !base_dir.empty())
+    for (const auto& key : keys->second)
+      if (auto it = params.find(key); it != params.end())
+        if (auto* text = std::get_if<std::string>(&it->second); text && std::filesystem::path(*text).is_relative())
+          *text = (base_dir / *text).string();
+  return std::pair{kind, std::move(params)};
+}
+
 Expected<Dataset> Document::dataset(const std::string& name) const {
   if (auto it = bound.find(name); it != bound.end()) return it->second;
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = cache.find(name); it != cache.end()) return it->second;
-  const auto* table = root["datasets"][name].as_table();
   Expected<Dataset> loaded = [&]() -> Expected<Dataset> {
-    if (!table) {
-      std::vector<std::string> names;
-      if (const auto* ds = root["datasets"].as_table())
-        for (auto&& [k, v] : *ds) names.emplace_back(k.str());
-      for (const auto& [k, v] : bound) names.push_back(k);
-      return fail(ErrorCode::invalid_spec, fmt::format("no dataset \"{}\"; datasets: {}", name, fmt::join(names, ", ")));
-    }
-    const auto kind = (*table)["kind"].value<std::string>().value_or("");
-    const auto entry_it = registry.datasets.find(kind);
-    if (entry_it == registry.datasets.end())
-      return fail(ErrorCode::invalid_spec, fmt::format("unknown dataset kind \"{}\"", kind));
-    const auto& entry = entry_it->second;
+    auto kind_params = dataset_params(name);
+    if (!kind_params) return tl::unexpected(kind_params.error());
+    const auto& [kind, params] = *kind_params;
+    const auto* table = root["datasets"][name].as_table();
     Problems problems{source, {}};
-    std::vector<std::string> skip = {"kind"};
-    skip.insert(skip.end(), kSelectionKeys.begin(), kSelectionKeys.end());
-    Problems unread{source, {}};  // tables and mixed arrays: each kind's loader says what it needs
-    Params params = to_params(*table, skip, "datasets." + name, unread);
     const Selection selection = read_selection(*table, "datasets." + name, problems);
     if (!problems.empty()) return tl::unexpected(problems.error());
-    // The built-in kinds' input paths, when relative, start at the curriculum file's directory
-    // (as the file's reader expects), not the working directory; the text (and fingerprint) keeps
-    // what the file says.
-    if (auto keys = kPathKeys.find(kind); keys != kPathKeys.end() && !base_dir.empty())
-      for (const auto& key : keys->second)
-        if (auto it = params.find(key); it != params.end())
-          if (auto* text = std::get_if<std::string>(&it->second); text && std::filesystem::path(*text).is_relative())
-            *text = (base_dir / *text).string();
+    const auto& entry = registry.datasets.at(kind);
     auto ds = guard([&] { return entry.load(params); });
     if (ds) ds = apply_selection(*ds, selection);
     if (!ds) return tl::unexpected(ds.error().with_context(fmt::format("dataset \"{}\"", name)));

@@ -183,6 +183,8 @@ struct Document {
 
   /// A dataset by its name in the file, loaded once (under the mutex) and shared.
   Expected<Dataset> dataset(const std::string& name) const;
+  /// The keys a file's dataset gives its kind's loader (relative paths resolved), and the kind.
+  Expected<std::pair<std::string, Params>> dataset_params(const std::string& name) const;
 };
 
 }  // namespace baton::detail

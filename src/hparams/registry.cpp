@@ -2,9 +2,13 @@
 // Each entry reads its TOML keys (as Params) and calls the library's C++ function.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "baton/hparams.hpp"
 #include "baton/images.hpp"
@@ -104,22 +108,14 @@ struct FortunesKeys {
 };
 
 /// Reads the keys every fortunes kind takes; then `rd.finish()` (the caller has read its own).
-Expected<FortunesKeys> fortunes_keys(const Params& p, detail::ParamReader& rd) {
+Expected<FortunesKeys> fortunes_keys(detail::ParamReader& rd) {
   FortunesKeys k;
-  if (auto it = p.find("dir"); it != p.end() && std::holds_alternative<std::string>(it->second)) k.corpus.dir = std::get<std::string>(it->second);
-  auto strings = [&](const char* key, std::vector<std::string>& into) {
-    rd.seen(key);
-    if (auto it = p.find(key); it != p.end()) {
-      if (const auto* v = std::get_if<std::vector<std::string>>(&it->second)) into = *v;
-      else rd.problem(fmt::format("dataset.{}: expected a list of strings", key));
-    }
-  };
-  strings("languages", k.corpus.languages), strings("topics", k.corpus.topics);
-  rd.seen("dir"), rd.seen("part");
+  k.corpus.dir = rd.text("dir", k.corpus.dir.string());
+  k.corpus.languages = rd.texts("languages", k.corpus.languages);
+  k.corpus.topics = rd.texts("topics", k.corpus.topics);
   k.corpus.skip_undecodable = rd.flag("skip_undecodable", false);
   k.split.val = rd.number("val", k.split.val), k.split.test = rd.number("test", k.split.test);
-  std::string part = "train";
-  if (auto it = p.find("part"); it != p.end() && std::holds_alternative<std::string>(it->second)) part = std::get<std::string>(it->second);
+  const std::string part = rd.text("part", "train");
   if (part != "train" && part != "val" && part != "test") rd.problem(fmt::format("dataset.part: \"{}\" is not one of train, val, test", part));
   k.part = part == "val" ? text::Part::val : part == "test" ? text::Part::test : text::Part::train;
   if (!(k.split.val >= 0 && k.split.test >= 0 && k.split.val + k.split.test < 1))
@@ -128,8 +124,38 @@ Expected<FortunesKeys> fortunes_keys(const Params& p, detail::ParamReader& rd) {
   return k;
 }
 
+/// What a read of fortune databases depends on: the options, and each regular file's name, size
+/// and modification time in the languages' directories (a changed file is read again).
+std::string corpus_key(const text::FortunesOptions& o) {
+  std::string key = fmt::format("{}|{}|{}|{}", o.dir.string(), fmt::join(o.languages, ","), fmt::join(o.topics, ","),
+                                o.skip_undecodable);
+  for (const auto& language : o.languages) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(language == "en" ? o.dir : o.dir / language, ec)) {
+      std::error_code fe;
+      if (!e.is_regular_file(fe)) continue;
+      key += fmt::format("|{}:{}:{}", e.path().filename().string(), e.file_size(fe),
+                         e.last_write_time(fe).time_since_epoch().count());
+    }
+  }
+  return key;
+}
+
+/// The fortunes read once per process for every dataset that names the same corpus (a curriculum
+/// of several fortunes datasets otherwise reads and cleans the same 14 MB for each).
 Expected<text::Corpus> read_fortunes(const FortunesKeys& k) {
+  static std::mutex mutex;
+  static std::map<std::string, text::Corpus> cache;
+  const auto key = corpus_key(k.corpus);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
   auto corpus = text::fortunes(k.corpus);
+  if (corpus) {
+    std::lock_guard<std::mutex> lock(mutex);
+    cache.insert_or_assign(key, *corpus);
+  }
   if (corpus && corpus->undecodable > 0)  // counted, and said: the user asked for it, but should know
     fmt::print(stderr, "baton: fortunes in {}: skipped {} record(s) that are not UTF-8\n", k.corpus.dir.string(), corpus->undecodable);
   return corpus;
@@ -139,7 +165,7 @@ Expected<Dataset> load_fortunes_lm(const Params& p) {
   detail::ParamReader rd(p, "dataset");
   text::LmOptions o;
   o.block_size = rd.whole("block_size", o.block_size, 1, std::int64_t{1} << 20);
-  auto keys = fortunes_keys(p, rd);
+  auto keys = fortunes_keys(rd);
   if (!keys) return tl::unexpected(keys.error());
   auto corpus = read_fortunes(*keys);
   if (!corpus) return tl::unexpected(corpus.error());
@@ -147,37 +173,67 @@ Expected<Dataset> load_fortunes_lm(const Params& p) {
   return text::lm_windows(text::split(*corpus, keys->part, keys->split), o);
 }
 
-Expected<Dataset> load_fortunes_text(const Params& p) {
+/// A fortunes_text dataset's keys read, its corpus read, and its classes: the labels with at
+/// least min_records training records, the same for every part.
+struct FortunesText {
+  text::ClassificationOptions options{};
+  FortunesKeys keys{};
+  text::Corpus corpus{};
+};
+
+Expected<FortunesText> fortunes_text(const Params& p) {
   detail::ParamReader rd(p, "dataset");
-  text::ClassificationOptions o;
+  FortunesText t;
+  auto& o = t.options;
   o.length = rd.whole("length", o.length, 1, std::int64_t{1} << 20);
   const auto min_records = rd.whole("min_records", 200, 1, std::int64_t{1} << 40);
-  rd.seen("label");
-  if (auto it = p.find("label"); it != p.end() && std::holds_alternative<std::string>(it->second)) o.label = std::get<std::string>(it->second);
-  auto keys = fortunes_keys(p, rd);
+  o.label = rd.text("label", o.label);
+  auto keys = fortunes_keys(rd);
   if (!keys) return tl::unexpected(keys.error());
+  t.keys = *keys;
   auto corpus = read_fortunes(*keys);
   if (!corpus) return tl::unexpected(corpus.error());
-  // The classes: the labels with at least min_records training records, the same for every part.
-  o.classes = text::labels_with(text::split(*corpus, text::Part::train, keys->split), o.label, min_records);
+  t.corpus = std::move(*corpus);
+  o.classes = text::labels_with(text::split(t.corpus, text::Part::train, keys->split), o.label, min_records);
   if (o.classes.size() < 2)
     return fail(ErrorCode::invalid_argument, fmt::format("dataset: fewer than two {}s have {} training records; lower min_records",
                                                          o.label, min_records));
-  std::vector<text::Record> kept;
-  for (auto& r : text::split(*corpus, keys->part, keys->split))
-    if (std::binary_search(o.classes.begin(), o.classes.end(), o.label == "language" ? r.language : r.topic)) kept.push_back(std::move(r));
   o.name = "fortunes-" + o.label;
+  return t;
+}
+
+Expected<Dataset> load_fortunes_text(const Params& p) {
+  auto t = fortunes_text(p);
+  if (!t) return tl::unexpected(t.error());
+  const auto& o = t->options;
+  std::vector<text::Record> kept;
+  for (auto& r : text::split(t->corpus, t->keys.part, t->keys.split))
+    if (std::binary_search(o.classes.begin(), o.classes.end(), o.label == "language" ? r.language : r.topic)) kept.push_back(std::move(r));
   return text::classification(kept, o);
+}
+
+/// Inference cards of the text kinds: byte tokens; a classifier's class names.
+Expected<void> describe_fortunes_lm(const Params&, ModelCard& card) {
+  card.input = InputKind::tokens;
+  card.tokenizer = text::ByteTokenizer::identity();
+  return {};
+}
+
+Expected<void> describe_fortunes_text(const Params& p, ModelCard& card) {
+  auto t = fortunes_text(p);
+  if (!t) return tl::unexpected(t.error());
+  card.input = InputKind::tokens;
+  card.tokenizer = text::ByteTokenizer::identity();
+  card.classes = t->options.classes;
+  return {};
 }
 
 Expected<Dataset> load_fashion_mnist(const Params& p) {
   detail::ParamReader rd(p, "dataset");
   const bool normalize = rd.flag("normalize", true);
-  std::string split = "train", dir = data::fashion_mnist_dir.string();
-  if (auto it = p.find("split"); it != p.end() && std::holds_alternative<std::string>(it->second)) split = std::get<std::string>(it->second);
-  if (auto it = p.find("dir"); it != p.end() && std::holds_alternative<std::string>(it->second)) dir = std::get<std::string>(it->second);
-  if (split != "train" && split != "test")
-    return fail(ErrorCode::invalid_argument, fmt::format("dataset.split: \"{}\" is not one of train, test", split));
+  const std::string split = rd.text("split", "train"), dir = rd.text("dir", data::fashion_mnist_dir.string());
+  if (split != "train" && split != "test") rd.problem(fmt::format("dataset.split: \"{}\" is not one of train, test", split));
+  if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
   return data::fashion_mnist(split == "train" ? Split::train : Split::test, dir, {.normalize = normalize});
 }
 
@@ -185,25 +241,19 @@ Expected<Dataset> load_idx(const Params& p) {
   detail::ParamReader rd(p, "dataset");
   data::ImageOptions o;
   o.normalize = rd.flag("normalize", true), o.mean = rd.number("mean", o.mean), o.std = rd.number("std", o.std);
-  auto images = p.find("images"), labels = p.find("labels");
-  if (images == p.end() || labels == p.end() || !std::holds_alternative<std::string>(images->second) ||
-      !std::holds_alternative<std::string>(labels->second))
-    return fail(ErrorCode::invalid_argument, "dataset: idx needs images = \"path\" and labels = \"path\"");
-  return data::idx_images(std::get<std::string>(images->second), std::get<std::string>(labels->second),
-                          std::get<std::string>(images->second), o);
+  const auto images = rd.required_text("images", "the IDX images file"), labels = rd.required_text("labels", "the IDX labels file");
+  if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
+  return data::idx_images(images, labels, images, o);
 }
 
 Expected<Dataset> load_csv(const Params& params) {
   detail::ParamReader r(params, "dataset");
-  const auto path_it = params.find("path");
-  if (path_it == params.end() || !std::holds_alternative<std::string>(path_it->second))
-    return fail(ErrorCode::invalid_argument, "dataset.path: required (the CSV file)");
   data::CsvOptions o;
-  o.path = std::get<std::string>(path_it->second);
-  if (const auto it = params.find("target"); it != params.end() && std::holds_alternative<std::string>(it->second))
-    o.target = std::get<std::string>(it->second);
+  o.path = r.required_text("path", "the CSV file");
+  o.target = r.text("target", o.target);
   o.classification = r.flag("classification", true);
   r.flag("header", true);
+  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
   return data::csv(o);
 }
 
@@ -226,12 +276,7 @@ Expected<Dataset> load_synthetic(const Params& params) {
 Expected<Dataset> load_image_folder(const Params& p) {
   detail::ParamReader rd(p, "dataset");
   data::ImageFolderOptions o;
-  auto path = [&](const char* key) {
-    const auto it = p.find(key);
-    return it != p.end() && std::holds_alternative<std::string>(it->second) ? std::get<std::string>(it->second) : std::string();
-  };
-  o.root = path("root"), o.list = path("list");
-  rd.seen("root"), rd.seen("list");
+  o.root = rd.text("root"), o.list = rd.text("list");
   o.height = rd.whole("height", 0, 0, 65536), o.width = rd.whole("width", 0, 0, 65536);
   o.channels = rd.whole("channels", 1, 1, 4);
   o.scale.normalize = rd.flag("normalize", o.scale.normalize), o.scale.mean = rd.number("mean", o.scale.mean), o.scale.std = rd.number("std", o.scale.std);
@@ -249,10 +294,9 @@ Expected<Dataset> load_shards(const Params& p) {
   detail::ParamReader rd(p, "dataset");
   data::ShardOptions o;
   o.verify = rd.flag("verify", true);
-  const auto dir = p.find("dir");
-  if (dir == p.end() || !std::holds_alternative<std::string>(dir->second))
-    return fail(ErrorCode::invalid_argument, "dataset.dir: required (a directory written by `baton pack`)");
-  return data::shards(std::get<std::string>(dir->second), o);
+  const auto dir = rd.required_text("dir", "a directory written by `baton pack`");
+  if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
+  return data::shards(dir, o);
 }
 }  // namespace
 
@@ -267,12 +311,13 @@ Registry Registry::builtin() {
   r.datasets["fortunes_lm"] = DatasetEntry{{"dir", "languages", "topics", "part", "val", "test", "skip_undecodable", "block_size"},
                                            load_fortunes_lm,
                                            "fortunes_lm: languages, topics, part = \"train\" | \"val\" | \"test\", val, test, "
-                                           "block_size (byte-level language-model windows)"};
+                                           "block_size (byte-level language-model windows)", describe_fortunes_lm};
   r.datasets["fortunes_text"] = DatasetEntry{{"dir", "languages", "topics", "part", "val", "test", "skip_undecodable", "length",
                                               "label", "min_records"},
                                              load_fortunes_text,
                                              "fortunes_text: languages, topics, part, val, test, length, label = \"topic\" | "
-                                             "\"language\", min_records (a class needs that many training records)"};
+                                             "\"language\", min_records (a class needs that many training records)",
+                                             describe_fortunes_text};
   r.datasets["fashion-mnist"] = DatasetEntry{{"split", "dir", "normalize"}, load_fashion_mnist,
                                              "fashion-mnist: split = \"train\" | \"test\", dir"};
   r.datasets["idx"] = DatasetEntry{{"images", "labels", "normalize", "mean", "std"}, load_idx,

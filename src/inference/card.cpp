@@ -40,13 +40,14 @@ std::string card_to_json(const ModelCard& c) {
             {"version", kCardVersion},
             {"model", c.model},
             {"options", params_json(c.options)},
-            {"input", c.input == InputKind::image ? "image" : "features"},
+            {"input", c.input == InputKind::image ? "image" : c.input == InputKind::tokens ? "tokens" : "features"},
             {"input_shape", c.input_shape},
             {"normalize", c.normalize},
             {"mean", c.mean},
             {"std", c.std},
             {"columns", c.columns},
             {"classes", c.classes},
+            {"tokenizer", c.tokenizer},
             {"weights", c.weights},
             {"origin", c.origin}};
   return j.dump(2) + "\n";
@@ -64,9 +65,9 @@ Expected<ModelCard> card_from_json(std::string_view text, const std::string& whe
       c.model = j.at("model").get<std::string>();
       c.options = params_of(j.at("options"));
       const auto input = j.at("input").get<std::string>();
-      if (input != "image" && input != "features")
-        return fail(ErrorCode::data, fmt::format("{}: input \"{}\": expected \"image\" or \"features\"", where, input));
-      c.input = input == "image" ? InputKind::image : InputKind::features;
+      if (input != "image" && input != "features" && input != "tokens")
+        return fail(ErrorCode::data, fmt::format("{}: input \"{}\": expected \"image\", \"features\" or \"tokens\"", where, input));
+      c.input = input == "image" ? InputKind::image : input == "tokens" ? InputKind::tokens : InputKind::features;
       c.input_shape = j.at("input_shape").get<std::vector<std::int64_t>>();
       double elements = 1;
       for (const auto d : c.input_shape) elements *= static_cast<double>(d);
@@ -83,6 +84,9 @@ Expected<ModelCard> card_from_json(std::string_view text, const std::string& whe
         return fail(ErrorCode::data, fmt::format("{}: mean {} and std {} cannot normalize", where, c.mean, c.std));
       c.columns = j.at("columns").get<std::vector<std::string>>();
       c.classes = j.at("classes").get<std::vector<std::string>>();
+      c.tokenizer = j.value("tokenizer", "");  // cards before text inputs have none
+      if (c.input == InputKind::tokens && (c.input_shape.size() != 1 || c.tokenizer.empty()))
+        return fail(ErrorCode::data, fmt::format("{}: a tokens input needs input_shape [positions] and a tokenizer", where));
       c.weights = j.at("weights").get<std::string>();
       c.origin = j.at("origin").get<std::string>();
       return c;

@@ -13,6 +13,7 @@
 #include "baton/inference.hpp"
 #include "data_internal.hpp"
 #include "detail.hpp"
+#include "inference/internal.hpp"
 #include "io.hpp"
 
 namespace baton {
@@ -143,6 +144,10 @@ Expected<InputBatch> csv(const fs::path& path, const ModelCard& card) {
 Expected<InputBatch> read_inputs(const std::filesystem::path& path, const ModelCard& card) {
   return detail::guard([&]() -> Expected<InputBatch> {
     std::error_code ec;
+    if (card.input == InputKind::tokens && !fs::is_directory(path, ec)) {
+      if (auto ok = detail::check_regular_file(path, "input file"); !ok) return tl::unexpected(ok.error());
+      return detail::text_inputs(path, card);
+    }
     if (fs::is_directory(path, ec)) {
       // The images of the directory, or of its sub-directories: the layout an image folder is
       // trained from (root/<class>/<image>), read in sorted order.

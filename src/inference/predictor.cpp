@@ -13,12 +13,6 @@
 
 namespace baton {
 
-struct Predictor::Impl {
-  ModelCard card;
-  Model model;  // in eval mode from construction on, never changed: safe to share between threads
-  c10::Device device = c10::Device(c10::kCPU);
-};
-
 Predictor::Predictor(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 const ModelCard& Predictor::card() const { return impl_->card; }
 c10::Device Predictor::device() const { return impl_->device; }
@@ -36,6 +30,12 @@ Expected<torch::Tensor> Predictor::prepare(const torch::Tensor& raw) const {
     const ModelCard& c = impl_->card;
     if (!raw.defined()) return fail(ErrorCode::invalid_argument, "predict: no inputs");
     torch::Tensor x = raw;
+    if (c.input == InputKind::tokens) {  // int64 ids [N, t], 1 <= t <= T (a language model takes fewer)
+      if (x.dim() != 2 || x.scalar_type() != torch::kLong || x.size(1) < 1 || x.size(1) > c.input_shape[0])
+        return fail(ErrorCode::shape_mismatch, fmt::format("predict: inputs {} {}; the model takes int64 token ids [N, 1 to {}]",
+                                                           c10::toString(x.scalar_type()), detail::shape_string(raw), c.input_shape[0]));
+      return x;
+    }
     // [N, H, W] pixels of a one-channel model: the channel dimension is implied.
     if (c.input == InputKind::image && x.dim() == 3 && c.input_shape.size() == 3 && c.input_shape[0] == 1) x = x.unsqueeze(1);
     if (!sample_shape_is(x, c.input_shape))
@@ -53,7 +53,9 @@ Expected<torch::Tensor> Predictor::logits(const torch::Tensor& prepared, std::in
   return detail::guard([&]() -> Expected<torch::Tensor> {
     const ModelCard& c = impl_->card;
     if (batch_size < 1) return fail(ErrorCode::invalid_argument, fmt::format("predict: batch size {}; must be positive", batch_size));
-    if (!prepared.defined() || !sample_shape_is(prepared, c.input_shape))
+    const bool tokens = c.input == InputKind::tokens && prepared.defined() && prepared.dim() == 2 && prepared.size(1) >= 1 &&
+                        prepared.size(1) <= c.input_shape[0];
+    if (!prepared.defined() || (!tokens && !sample_shape_is(prepared, c.input_shape)))
       return fail(ErrorCode::shape_mismatch, fmt::format("predict: prepared inputs of shape {}; the model takes {}",
                                                          prepared.defined() ? detail::shape_string(prepared) : "(none)",
                                                          expected_shape(c)));
@@ -65,7 +67,8 @@ Expected<torch::Tensor> Predictor::logits(const torch::Tensor& prepared, std::in
       outs.push_back(impl_->model.forward(x).to(torch::kCPU, torch::kFloat32));
     }
     auto out = outs.empty() ? torch::empty({0, static_cast<std::int64_t>(c.classes.size())}) : torch::cat(outs);
-    if (out.dim() != 2)
+    const bool language_model = c.input == InputKind::tokens && c.classes.empty() && out.dim() == 3;
+    if (out.dim() != 2 && !language_model)
       return fail(ErrorCode::shape_mismatch, fmt::format("predict: the model answered {}, not [N, classes]", detail::shape_string(out)));
     return out;
   });
@@ -76,6 +79,10 @@ Expected<Predictions> Predictor::predict(const torch::Tensor& raw, std::int64_t 
       .and_then([&](const torch::Tensor& x) { return logits(x, batch_size); })
       .and_then([](const torch::Tensor& out) {
         return detail::guard([&]() -> Expected<Predictions> {
+          if (out.dim() != 2)
+            return fail(ErrorCode::invalid_argument, fmt::format("predict: the model answers {} (a language model): it "
+                                                                 "generates text (generate, baton generate), it does not classify",
+                                                                 detail::shape_string(out)));
           return Predictions{out.argmax(1), torch::softmax(out, 1)};
         });
       });

@@ -203,7 +203,7 @@ Expected<void> save_for_inference(const TrainState& state, const ModelCard& card
     if (!predictor) return tl::unexpected(predictor.error().with_context("save_for_inference"));
     std::vector<std::int64_t> one = {1};
     one.insert(one.end(), card.input_shape.begin(), card.input_shape.end());
-    auto out = predictor->logits(torch::zeros(one));
+    auto out = predictor->logits(torch::zeros(one, card.input == InputKind::tokens ? torch::kLong : torch::kFloat32));
     if (!out)
       return fail(ErrorCode::shape_mismatch, fmt::format("save_for_inference: input_shape [{}] does not fit the model: {}",
                                                          fmt::join(card.input_shape, ", "), out.error().message));
@@ -214,6 +214,12 @@ Expected<void> save_for_inference(const TrainState& state, const ModelCard& card
       return detail::write_file_atomic(path, bytes, "inference artifact");
     });
   });
+}
+
+Expected<Predictor> predictor(const TrainState& state, const ModelCard& card, c10::Device device) {
+  auto tensors = state_dict(state, card.weights);
+  if (!tensors) return tl::unexpected(tensors.error());
+  return detail::make_predictor(card, state.factory, *tensors, device);
 }
 
 Expected<StateDict> read_state_dict(const std::filesystem::path& path) {
