@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -322,4 +323,83 @@ TEST_CASE("the shipped suite: three tasks from one pretraining, each with a scra
   CHECK(card.classes[1] == "Trouser");
   CHECK(card.classes[2] == "Sandal|Sneaker|Ankle boot");
   CHECK(card.options.at("classes") == baton::ParamValue(4.0));
+}
+
+TEST_CASE("a GPT tree on fortunes: pretraining, a topic classifier with its scratch baseline, continued LM; each branch "
+          "equals an independent run of its path", "[tree][gpt][text]") {
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "gpt.toml";
+  std::ofstream(file) << R"(
+[run]
+name = "gpt-tree"
+seed = 7
+max_duration = "30ba"
+[model]
+name = "gpt"
+block_size = 24
+n_layer = 1
+n_head = 2
+n_embd = 32
+dropout = 0.1
+[datasets.pre]
+kind = "fortunes_lm"
+topics = ["science", "computers"]
+block_size = 24
+[datasets.science]
+kind = "fortunes_lm"
+topics = ["science"]
+block_size = 24
+[datasets.topic]
+kind = "fortunes_text"
+topics = ["science", "computers"]
+length = 24
+min_records = 50
+[datasets.topic_val]
+kind = "fortunes_text"
+topics = ["science", "computers"]
+part = "val"
+length = 24
+min_records = 50
+[defaults]
+batch_size = 8
+loss = "token_cross_entropy"
+optimizer = { name = "adamw", lr = 0.003, weight_decay = 0.1 }
+[[stages]]
+name = "pre"
+data = "pre"
+duration = "8ba"
+[[stages]]
+name = "topic"
+from = "pre"
+baseline = "scratch"
+data = "topic"
+loss = "cross_entropy"
+duration = "6ba"
+model = { carry = "transfer", classes = 2 }
+eval = { sets = ["topic_val"], limit = 64 }
+[[stages]]
+name = "lm"
+from = "pre"
+data = "science"
+duration = "6ba"
+optimizer = { lr = 0.001 }
+)";
+  const auto cur = tree_value(baton::load_curriculum(file));
+  REQUIRE(cur.is_tree());
+  REQUIRE(cur.branches().size() == 3);
+  const auto r = tree_value(baton::run_tree(file, {.dir = tmp.path / "tree", .progress = false}));
+  REQUIRE(r.points.size() == 3);
+  CHECK(r.stages_trained == 4);  // "pre" once for both branches
+  std::set<std::string> distinct;
+  for (std::size_t i = 0; i < cur.branches().size(); ++i) {
+    const auto& b = cur.branches()[i];
+    INFO("branch " << b.name << (b.baseline ? " (scratch)" : ""));
+    auto ro = b.curriculum->run_options();
+    ro.dir = tmp.path / fmt::format("alone-{}", i);
+    ro.progress = false;
+    const auto alone = tree_value(baton::run(ro, tree_value(b.curriculum->specs()), tree_value(b.curriculum->init())));
+    CHECK(r.points[i].params_sha256 == baton::params_sha256(alone.state));
+    distinct.insert(r.points[i].params_sha256);
+  }
+  CHECK(distinct.size() == 3);  // the branches, and the baseline, differ
 }
