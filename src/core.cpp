@@ -212,7 +212,8 @@ Expected<void> Optimizer::validate() const {
       options);
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const auto& g = groups[i];
-    check(!g.patterns.empty(), fmt::format("optimizer.groups[{}]: needs at least one parameter-name pattern", i));
+    check(!g.patterns.empty() || !g.modules.empty(),
+          fmt::format("optimizer.groups[{}]: needs at least one parameter-name pattern or module type", i));
     if (g.lr) check(finite_nonneg(*g.lr), fmt::format("optimizer.groups[{}].lr: must be a finite number >= 0, got {}", i, *g.lr));
     if (g.weight_decay)
       check(finite_nonneg(*g.weight_decay),

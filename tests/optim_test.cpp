@@ -1,4 +1,5 @@
 // baton's optimizers against torch::optim, bit for bit, over several steps.
+#include "baton/text.hpp"
 #include "helpers.hpp"
 
 namespace {
@@ -133,4 +134,38 @@ TEST_CASE("optimizers are built by name, with errors that list valid names and k
   auto type = baton::optim::from_name("sgd", {{"nesterov", 1.0}});
   REQUIRE_FALSE(type);
   CHECK_THAT(type.error().message, Catch::Contains("optimizer.nesterov: expected true or false"));
+}
+
+TEST_CASE("parameter groups by module type: AdamW without decay on biases, LayerNorm and embeddings of a GPT", "[optim][gpt]") {
+  std::vector<baton::text::Record> records;
+  for (int i = 0; i < 80; ++i) records.push_back({"some text number " + std::to_string(i), "en", "t"});
+  const auto data = test::ok(baton::text::lm_windows(records, {.block_size = 16}));
+  const baton::models::GptOptions o{.block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 16};
+  auto s = test::ok(baton::init_state(baton::models::gpt(o), {.seed = 3, .max_duration = baton::Time::batches(3)}));
+  // lr 0 on the group: its parameters must come out unchanged, and only they.
+  baton::TrainingSpec spec{.data = {.train = data, .batch_size = 4},
+                           .loss = baton::loss::token_cross_entropy(),
+                           .optimizer = baton::optim::adamw({.lr = 1e-2}).with_groups(
+                               {{.patterns = {"*.bias"}, .modules = {"LayerNorm", "Embedding"}, .lr = 0.0}}),
+                           .duration = baton::Time::batches(3)};
+  const auto before = s.model.module->named_parameters();
+  std::map<std::string, torch::Tensor> start;
+  for (const auto& p : before) start[p.key()] = p.value().clone();
+  const auto after = test::ok(baton::fit(spec, s));
+  std::size_t in_group = 0;
+  for (const auto& p : after.model.module->named_parameters()) {
+    const auto& n = p.key();
+    const bool group = n.ends_with(".bias") || n.find("ln_") != std::string::npos || n == "wte.weight" || n == "wpe.weight";
+    INFO(n);
+    CHECK(p.value().equal(start.at(n)) == group);
+    in_group += group;
+  }
+  CHECK(in_group == 12);  // wte, wpe; ln_1, ln_2 and ln_f weight and bias; the 4 Linear biases
+
+  auto typo = spec;
+  typo.optimizer = baton::optim::adamw({}).with_groups({{.modules = {"LayerNrom"}, .weight_decay = 0.0}});
+  const auto r = baton::fit(typo, s);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("modules LayerNrom match no parameter") &&
+                                    Catch::Contains("modules holding parameters: Embedding, LayerNorm, Linear"));
 }

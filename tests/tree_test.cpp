@@ -363,7 +363,7 @@ min_records = 50
 [defaults]
 batch_size = 8
 loss = "token_cross_entropy"
-optimizer = { name = "adamw", lr = 0.003, weight_decay = 0.1 }
+optimizer = { name = "adamw", lr = 0.003, weight_decay = 0.1, groups = [{ patterns = ["*.bias"], modules = ["LayerNorm", "Embedding"], weight_decay = 0.0 }] }
 [[stages]]
 name = "pre"
 data = "pre"

@@ -68,11 +68,19 @@ struct AdagradOptions {
 };
 
 /// Parameters selected by name patterns (globs: `*` matches any text including dots, `?` one
-/// character; e.g. "backbone.*", "*.bias") with their own learning rate and weight decay. The
-/// first group whose pattern matches a parameter takes it; the others use the base options.
-/// A pattern that matches no parameter is an error (it is almost always a typo).
+/// character; e.g. "backbone.*", "*.bias") or by the type of the module that holds them, with
+/// their own learning rate and weight decay. The first group that selects a parameter takes it;
+/// the others use the base options. A group that selects no parameter is an error (it is almost
+/// always a typo).
+///
+/// AdamW without weight decay on biases, norms and embeddings (GPT-2's recipe):
+/// `{.patterns = {"*.bias"}, .modules = {"LayerNorm", "Embedding"}, .weight_decay = 0.0}`.
 struct ParamGroup {
   std::vector<std::string> patterns{};
+  /// Module types, by LibTorch's class name without namespace and `Impl` ("LayerNorm",
+  /// "Embedding", "BatchNorm2d", "Linear", "Conv2d"; a module of yours by its class name): the
+  /// parameters such a module holds itself (not those of modules inside it).
+  std::vector<std::string> modules{};
   std::optional<double> lr{};            ///< default: the optimizer's
   std::optional<double> weight_decay{};  ///< default: the optimizer's
 };

@@ -289,9 +289,10 @@ std::vector<ParamGroup> read_groups(const toml::node* node, Reader& r) {
   for (const auto& g : *arr) {
     const auto* gt = g.as_table();
     if (!gt) { p.add(&g, r.path + "optimizer.groups: expected tables {patterns = [...], lr = ...}"); continue; }
-    detail::check_keys(*gt, {"patterns", "lr", "weight_decay"}, r.path + "optimizer.groups[]", p);
+    detail::check_keys(*gt, {"patterns", "modules", "lr", "weight_decay"}, r.path + "optimizer.groups[]", p);
     ParamGroup group;
     if (auto pats = r.strings(gt->get("patterns"), "optimizer.groups.patterns")) group.patterns = *pats;
+    if (auto types = r.strings(gt->get("modules"), "optimizer.groups.modules")) group.modules = *types;
     if (auto lr = r.number(gt->get("lr"), "optimizer.groups.lr")) group.lr = *lr;
     if (auto wd = r.number(gt->get("weight_decay"), "optimizer.groups.weight_decay")) group.weight_decay = *wd;
     groups.push_back(std::move(group));

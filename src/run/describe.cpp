@@ -39,7 +39,7 @@ static_assert(field_count<ModelCarry>() == 4, "ModelCarry has a new field: descr
 static_assert(field_count<KeepBest>() == 4 && field_count<LossScaling>() == 4 && field_count<EvalSchedule>() == 3,
               "KeepBest, LossScaling or EvalSchedule has a new field: describe it in stage_lines()");
 static_assert(field_count<SgdOptions>() == 5 && field_count<AdamOptions>() == 6 && field_count<AdamWOptions>() == 6 &&
-                  field_count<RmspropOptions>() == 6 && field_count<AdagradOptions>() == 5 && field_count<ParamGroup>() == 3,
+                  field_count<RmspropOptions>() == 6 && field_count<AdagradOptions>() == 5 && field_count<ParamGroup>() == 4,
               "an optimizer's options have a new field: describe it in optimizer_text()");
 
 std::string toml_string(const std::string& s) {
@@ -74,7 +74,8 @@ std::string optimizer_text(const Optimizer& o) {
       },
       o.options);
   for (const auto& g : o.groups)
-    text += fmt::format(" + group [{}] lr={} weight_decay={}", fmt::join(g.patterns, " "),
+    text += fmt::format(" + group [{}]{} lr={} weight_decay={}", fmt::join(g.patterns, " "),
+                        g.modules.empty() ? "" : fmt::format(" modules [{}]", fmt::join(g.modules, " ")),
                         g.lr ? fmt::format("{}", *g.lr) : "base", g.weight_decay ? fmt::format("{}", *g.weight_decay) : "base");
   return text;
 }

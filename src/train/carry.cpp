@@ -2,6 +2,8 @@
 #include "train/carry.hpp"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
@@ -75,6 +77,32 @@ std::optional<TransferReport> begin_stage(const TrainingSpec& spec, TrainState& 
   return report;
 }
 
+namespace {
+/// A module's type as groups name it: the class name without namespace and "Impl"
+/// ("torch::nn::LayerNormImpl" -> "LayerNorm").
+std::string type_of(const torch::nn::Module& m) {
+  std::string n = m.name();
+  if (const auto at = n.rfind("::"); at != std::string::npos) n = n.substr(at + 2);
+  if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
+  return n;
+}
+
+/// Each parameter's name -> the type of the module that holds it.
+std::map<std::string, std::string> holder_types(const torch::nn::Module& m) {
+  std::map<std::string, std::string> out;
+  for (const auto& item : m.named_modules("", /*include_self=*/true))
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
+      out[item.key().empty() ? p.key() : item.key() + "." + p.key()] = type_of(*item.value());
+  return out;
+}
+
+/// Whether `group` selects the parameter `name` held by a module of type `type`.
+bool selects(const ParamGroup& group, const std::string& name, const std::string& type) {
+  return std::any_of(group.patterns.begin(), group.patterns.end(), [&](const auto& p) { return matches(p, name); }) ||
+         std::find(group.modules.begin(), group.modules.end(), type) != group.modules.end();
+}
+}  // namespace
+
 /// Lines the state's optimizer state up with the trainable parameters, resolving groups and
 /// frozen patterns. Checks that every pattern matches something.
 std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s, bool began_stage) {
@@ -97,12 +125,14 @@ std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s, bool b
   if (auto problem = pattern_problem(spec, *s.model.module)) raise(ErrorCode::invalid_spec, *problem);
   const std::size_t nslots = std::holds_alternative<SgdOptions>(opt.options) || std::holds_alternative<AdagradOptions>(opt.options) ? 1 : 3;
   std::vector<Slot> slots;
+  const auto types = opt.groups.empty() ? std::map<std::string, std::string>{} : holder_types(*s.model.module);
   for (const auto& item : s.model.module->named_parameters()) {
     const std::string& name = item.key();
     if (std::any_of(spec.freeze.begin(), spec.freeze.end(), [&](const auto& p) { return matches(p, name); })) continue;
     double lr = opt.lr(), wd = opt.weight_decay();
-    for (const auto& group : opt.groups)  // the first group that names the parameter wins
-      if (std::any_of(group.patterns.begin(), group.patterns.end(), [&](const auto& p) { return matches(p, name); })) {
+    const auto type = types.count(name) ? types.at(name) : std::string();
+    for (const auto& group : opt.groups)  // the first group that selects the parameter wins
+      if (selects(group, name, type)) {
         lr = group.lr.value_or(lr), wd = group.weight_decay.value_or(wd);
         break;
       }
@@ -119,23 +149,31 @@ std::optional<std::string> pattern_problem(const TrainingSpec& spec, const torch
   const auto& groups = spec.optimizer.groups;
   std::vector<std::size_t> group_hits(groups.size(), 0), freeze_hits(spec.freeze.size(), 0);
   std::size_t trainable = 0;
+  const auto types = groups.empty() ? std::map<std::string, std::string>{} : holder_types(m);
   for (const auto& item : m.named_parameters()) {
     const std::string& name = item.key();
     bool frozen = false;
     for (std::size_t f = 0; f < spec.freeze.size(); ++f)
       if (matches(spec.freeze[f], name)) frozen = true, ++freeze_hits[f];
     if (!frozen) ++trainable;
+    const auto type = types.count(name) ? types.at(name) : std::string();
     for (std::size_t g = 0; g < groups.size(); ++g)
-      if (std::any_of(groups[g].patterns.begin(), groups[g].patterns.end(), [&](const auto& p) { return matches(p, name); })) {
+      if (selects(groups[g], name, type)) {
         ++group_hits[g];
         break;
       }
   }
   for (std::size_t g = 0; g < groups.size(); ++g)
-    if (group_hits[g] == 0)
-      return fmt::format("optimizer.groups[{}]: patterns {} match no parameter (the first one wins; "
-                         "an earlier group may take them all); parameters are named like: {}",
-                         g, fmt::join(groups[g].patterns, ", "), some_names(m));
+    if (group_hits[g] == 0) {
+      std::set<std::string> present;
+      for (const auto& [param, type] : types) present.insert(type);
+      std::vector<std::string> what;
+      if (!groups[g].patterns.empty()) what.push_back(fmt::format("patterns {}", fmt::join(groups[g].patterns, ", ")));
+      if (!groups[g].modules.empty()) what.push_back(fmt::format("modules {}", fmt::join(groups[g].modules, ", ")));
+      return fmt::format("optimizer.groups[{}]: {} match no parameter (the first group wins; an earlier group may take "
+                         "them all); parameters are named like: {}; modules holding parameters: {}",
+                         g, fmt::join(what, " and "), some_names(m), fmt::join(present, ", "));
+    }
   for (std::size_t f = 0; f < spec.freeze.size(); ++f)
     if (freeze_hits[f] == 0)
       return fmt::format("freeze: pattern \"{}\" matches no parameter; parameters are named like: {}",
