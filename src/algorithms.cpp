@@ -173,6 +173,30 @@ Algorithm random_crop_flip(RandomCropFlipOptions o) {
   return check.done(std::move(a));
 }
 
+Algorithm seq_length_warmup(SeqLengthWarmupOptions o) {
+  Checks check;
+  check(o.min_length >= 1, fmt::format("seq_length_warmup.min_length: must be >= 1, got {}", o.min_length));
+  check(o.duration > 0 && o.duration <= 1, fmt::format("seq_length_warmup.duration: must be in (0, 1], got {}", o.duration));
+  check(o.step >= 1, fmt::format("seq_length_warmup.step: must be >= 1, got {}", o.step));
+  Algorithm a{.name = "seq_length_warmup",
+              .identity = fmt::format("seq_length_warmup(min_length={}, duration={}, step={})", o.min_length, o.duration, o.step)};
+  a.after_data = [o](const AlgorithmContext& ctx, Batch b) {
+    if (b.inputs.dim() != 2)
+      detail::raise(ErrorCode::shape_mismatch, fmt::format("seq_length_warmup needs token inputs [batch, positions], got {}",
+                                                   detail::shape_string(b.inputs)));
+    const std::int64_t T = b.inputs.size(1);
+    const double ramp = std::min(1.0, ctx.stage_progress / o.duration);
+    const auto grown = static_cast<std::int64_t>(static_cast<double>(o.min_length) + static_cast<double>(T - o.min_length) * ramp);
+    const std::int64_t length = std::clamp<std::int64_t>(grown / o.step * o.step, std::min(o.min_length, T), T);
+    if (length == T) return b;
+    const bool sequence_targets = b.targets.dim() == 2 && b.targets.size(1) == T;
+    b.inputs = b.inputs.narrow(1, 0, length).contiguous();
+    if (sequence_targets) b.targets = b.targets.narrow(1, 0, length).contiguous();
+    return b;
+  };
+  return check.done(std::move(a));
+}
+
 Algorithm progressive_resizing(ProgressiveResizingOptions o) {
   Checks check;
   check(o.initial_scale > 0 && o.initial_scale <= 1,
@@ -276,7 +300,7 @@ Algorithm layer_freezing(std::vector<FreezeRule> rules) {
 }
 
 const std::vector<std::string>& default_order() {
-  static const std::vector<std::string> order = {"random_crop_flip", "progressive_resizing", "cutout", "mixup", "cutmix",
+  static const std::vector<std::string> order = {"random_crop_flip", "progressive_resizing", "seq_length_warmup", "cutout", "mixup", "cutmix",
                                                  "label_smoothing", "layer_freezing", "ema", "swa"};
   return order;
 }
@@ -316,6 +340,11 @@ Expected<Algorithm> from_name(const std::string& name, const Params& params) {
                                          .size_increment = integer("size_increment", 4)};
       if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
       out = progressive_resizing(o);
+    } else if (name == "seq_length_warmup") {
+      const SeqLengthWarmupOptions o{.min_length = integer("min_length", 8), .duration = r.number("duration", 0.3),
+                                     .step = integer("step", 8)};
+      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+      out = seq_length_warmup(o);
     } else if (name == "ema") {
       const EmaOptions o{.decay = r.number("decay", 0.999)};
       if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());

@@ -246,6 +246,36 @@ TEST_CASE("gpt: split and resume give the bits of one fit, with dropout", "[text
   CHECK(resume.passed);
 }
 
+TEST_CASE("gpt: sequence-length warm-up grows the windows over the stage, and split and resume keep the bits",
+          "[text][gpt][algorithms]") {
+  const auto data = ok(baton::text::lm_windows(some_records(300), {.block_size = 16}));
+  auto spec = lm_spec(data, baton::Time::batches(20));
+  spec.algorithms = {baton::algorithms::seq_length_warmup({.min_length = 4, .duration = 0.5, .step = 4})};
+  // The lengths the step sees: a hook on the loss records each batch's positions.
+  std::vector<std::int64_t> lengths;
+  auto watched = spec;
+  watched.loss.fn = [inner = spec.loss.fn, &lengths](const torch::Tensor& out, const torch::Tensor& target) {
+    lengths.push_back(target.size(1));
+    return inner(out, target);
+  };
+  auto state = ok(baton::init_state(baton::models::gpt(tiny_gpt(0, 0.1)), {.seed = 9, .max_duration = baton::Time::batches(20)}));
+  (void)ok(baton::fit(watched, state));
+  REQUIRE(lengths.size() == 20);
+  CHECK(lengths.front() == 4);
+  CHECK(lengths.back() == 16);
+  CHECK(std::is_sorted(lengths.begin(), lengths.end()));
+  CHECK(std::count(lengths.begin(), lengths.end(), 16) == 10);  // full length from half the stage on
+  const auto split = baton::testing::split_invariant(spec, state, {baton::Time::batches(3), baton::Time::batches(11)});
+  INFO(split);
+  CHECK(split.passed);
+  const auto resume = baton::testing::resume_invariant(spec, state, baton::Time::batches(7));
+  INFO(resume);
+  CHECK(resume.passed);
+  // Not token inputs: a clear error.
+  const auto bad = baton::algorithms::seq_length_warmup({.min_length = 0});
+  CHECK_THAT(bad.invalid, Catch::Contains("seq_length_warmup.min_length: must be >= 1, got 0"));
+}
+
 TEST_CASE("gpt: a classifier stage transfers the pretrained trunk and trains a new head", "[text][gpt]") {
   const auto records = some_records(300);
   const auto lm = ok(baton::text::lm_windows(records, {.block_size = 16}));

@@ -383,6 +383,7 @@ from = "pre"
 data = "science"
 duration = "6ba"
 optimizer = { lr = 0.001 }
+algorithms = { seq_length_warmup = { min_length = 8, duration = 0.5 } }
 )";
   const auto cur = tree_value(baton::load_curriculum(file));
   REQUIRE(cur.is_tree());

@@ -74,6 +74,18 @@ struct ProgressiveResizingOptions {
 /// (e.g. global average pooling). Inputs [B, C, H, W].
 Algorithm progressive_resizing(ProgressiveResizingOptions o = {});
 
+struct SeqLengthWarmupOptions {
+  std::int64_t min_length = 8;  ///< positions at the start of the stage
+  double duration = 0.3;        ///< the fraction of the stage over which the length grows to the full one
+  std::int64_t step = 8;        ///< lengths are rounded down to multiples of this (never below min_length)
+};
+/// Sequence-length warm-up: trains on the first L positions of each sequence (inputs [B, T] token
+/// ids; targets [B, T] cut alike, class targets [B] kept), L growing linearly from `min_length`
+/// to T over the first `duration` of the stage. Like every algorithm it reads only the stage's
+/// progress, so a split or resumed stage sees the same lengths (tested on the GPT). Tokens cut
+/// off are not trained on (the loss counts the kept ones).
+Algorithm seq_length_warmup(SeqLengthWarmupOptions o = {});
+
 struct EmaOptions {
   double decay = 0.999;  ///< after each step: ema = decay * ema + (1 - decay) * weights
 };
