@@ -325,11 +325,9 @@ TEST_CASE("the shipped suite: three tasks from one pretraining, each with a scra
   CHECK(card.options.at("classes") == baton::ParamValue(4.0));
 }
 
-TEST_CASE("a GPT tree on fortunes: pretraining, a topic classifier with its scratch baseline, continued LM; each branch "
-          "equals an independent run of its path", "[tree][gpt][text]") {
-  test::TempDir tmp;
-  const fs::path file = tmp.path / "gpt.toml";
-  std::ofstream(file) << R"(
+/// A GPT tree on the fortunes: pretraining, a topic classifier (with dropout and its scratch
+/// baseline), continued LM with sequence-length warm-up.
+const char* kGptTree = R"(
 [run]
 name = "gpt-tree"
 seed = 7
@@ -385,6 +383,12 @@ duration = "6ba"
 optimizer = { lr = 0.001 }
 algorithms = { seq_length_warmup = { min_length = 8, duration = 0.5 } }
 )";
+
+TEST_CASE("a GPT tree on fortunes: pretraining, a topic classifier with its scratch baseline, continued LM; each branch "
+          "equals an independent run of its path", "[tree][gpt][text]") {
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "gpt.toml";
+  std::ofstream(file) << kGptTree;
   const auto cur = tree_value(baton::load_curriculum(file));
   REQUIRE(cur.is_tree());
   REQUIRE(cur.branches().size() == 3);
@@ -403,4 +407,50 @@ algorithms = { seq_length_warmup = { min_length = 8, duration = 0.5 } }
     distinct.insert(r.points[i].params_sha256);
   }
   CHECK(distinct.size() == 3);  // the branches, and the baseline, differ
+}
+
+TEST_CASE("baton run of a GPT tree: Ctrl-C in a branch, then the same command trains that branch only, to the bits of "
+          "the uninterrupted tree", "[tree][gpt][cli]") {
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "gpt.toml";
+  std::ofstream(file) << kGptTree;
+  // The last branch long enough to be interrupted, with checkpoints inside it.
+  const std::vector<std::string> longer = {"--set", "stage.lm.duration=\"400ba\"", "--set", "run.max_duration=\"420ba\"",
+                                           "--set", "run.checkpoint_every=\"50ba\""};
+  auto args_for = [&](const std::string& dir) {
+    std::vector<std::string> a = {"run", file.string(), "--run-dir", (tmp.path / dir).string()};
+    a.insert(a.end(), longer.begin(), longer.end());
+    return a;
+  };
+  auto reference = test::spawn(BATON_EXE, args_for("ref"));
+  std::string ref_log;
+  REQUIRE(test::finish(reference, ref_log) == 0);
+  const auto want = branch_hashes(tmp.path / "ref");
+  REQUIRE(want.size() == 3);
+
+  const fs::path dir = tmp.path / "stopped";
+  auto c = test::spawn(BATON_EXE, args_for("stopped"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(dir / "lm") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // inside the branch's training
+  ::kill(c.pid, SIGINT);
+  std::string log;
+  const int rc = test::finish(c, log);
+  INFO(log);
+  REQUIRE(rc == 3);  // interrupted, with a checkpoint
+  REQUIRE_FALSE(fs::exists(dir / "lm" / "final.baton"));
+  std::map<std::string, fs::file_time_type> done;
+  for (const auto* stage : {"pre", "topic", "scratch/topic"}) {
+    INFO(stage);
+    REQUIRE(fs::is_regular_file(dir / stage / "final.baton"));
+    done[stage] = mtime(dir / stage / "final.baton");
+  }
+  auto again = test::spawn(BATON_EXE, args_for("stopped"));
+  std::string log2;
+  REQUIRE(test::finish(again, log2) == 0);
+  INFO(log2);
+  for (const auto& [stage, when] : done) CHECK(mtime(dir / stage / "final.baton") == when);  // not trained again
+  CHECK(fs::is_regular_file(dir / "lm" / "final.baton"));
+  CHECK(branch_hashes(dir) == want);
 }
