@@ -1,0 +1,137 @@
+// examples/fortunes_gpt.toml in C++: a GPT pretrained on fortune cookies in six languages, then
+// three fine-tunes from it (the topic of an English fortune, the language of a fortune, more
+// language modelling on English science fortunes), each beside a scratch baseline, as one tree
+// (docs/language-models.md, docs/curricula.md). The file's datasets, model, stages, durations and
+// seed, written with the library's calls (not checked bit for bit against `baton run` of the file);
+// `baton report runs/fortunes-gpt-cpp` and the other tools read its directory.
+//
+//   build/fortunes_gpt [--quick] [--dir DIR] [--threads N]
+//
+// --quick: English science and computers fortunes only, a 1-layer GPT and a few batches per
+// stage (the test suite runs it). Ends with the tree's table.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <baton/baton.hpp>
+#include <baton/text.hpp>
+#include <baton/tree.hpp>
+
+namespace {
+namespace text = baton::text;
+
+template <class T>
+T or_exit(baton::Expected<T> r, const char* what) {
+  if (!r) {
+    std::cerr << what << ": " << r.error() << '\n';
+    std::exit(1);
+  }
+  return std::move(*r);
+}
+
+/// The records of `part` whose label (topic or language) is among `classes`.
+std::vector<text::Record> labelled(const text::Corpus& corpus, text::Part part, const std::string& label,
+                                   const std::vector<std::string>& classes) {
+  std::vector<text::Record> out;
+  for (auto& r : text::split(corpus, part))
+    if (std::find(classes.begin(), classes.end(), label == "topic" ? r.topic : r.language) != classes.end()) out.push_back(r);
+  return out;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace baton::literals;
+  bool quick = false;
+  int threads = 0;
+  std::string dir = "runs/fortunes-gpt-cpp";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
+    else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else {
+      std::cerr << "usage: fortunes_gpt [--quick] [--dir DIR] [--threads N]\n";
+      return 2;
+    }
+  }
+  const auto runtime = or_exit(baton::configure_runtime({.threads = threads}), "configure_runtime");
+  fmt::print("{}\n", runtime.to_string());
+
+  // The corpora: every language for pretraining, English for the topic task.
+  const std::vector<std::string> languages = quick ? std::vector<std::string>{"en"}
+                                                   : std::vector<std::string>{"en", "de", "es", "it", "ru", "pl"};
+  const std::vector<std::string> topics = quick ? std::vector<std::string>{"science", "computers"} : std::vector<std::string>{};
+  const auto all = or_exit(text::fortunes({.languages = languages, .topics = topics}), "fortunes");
+  const auto english = or_exit(text::fortunes({.topics = topics}), "fortunes");
+  const auto science = or_exit(text::fortunes({.topics = {"science"}}), "fortunes");
+  const std::int64_t T = quick ? 32 : 128;
+
+  const auto pretrain_data = or_exit(text::lm_windows(text::split(all, text::Part::train), {.block_size = T, .name = "pretrain"}), "lm");
+  const auto pretrain_val = or_exit(text::lm_windows(text::split(all, text::Part::val), {.block_size = T, .name = "pretrain_val"}), "lm");
+  const auto topic_classes = text::labels_with(text::split(english, text::Part::train), "topic", quick ? 50 : 200);
+  const auto topic = or_exit(text::classification(labelled(english, text::Part::train, "topic", topic_classes),
+                                                  {.length = T, .classes = topic_classes, .name = "topic"}), "topic");
+  const auto topic_test = or_exit(text::classification(labelled(english, text::Part::test, "topic", topic_classes),
+                                                       {.length = T, .classes = topic_classes, .name = "topic_test"}), "topic");
+  const auto language_classes = text::labels_with(text::split(all, text::Part::train), "language", 200);
+  const bool languages_task = language_classes.size() >= 2;  // --quick has English only
+  const auto science_data = or_exit(text::lm_windows(text::split(science, text::Part::train), {.block_size = T, .name = "science"}), "lm");
+  const auto science_test = or_exit(text::lm_windows(text::split(science, text::Part::test), {.block_size = T, .name = "science_test"}), "lm");
+
+  const baton::models::GptOptions gpt{.block_size = T, .n_layer = quick ? 1 : 4, .n_head = quick ? 2 : 4, .n_embd = quick ? 32 : 128};
+  auto steps = [&](std::int64_t full) { return baton::Time::batches(quick ? std::max<std::int64_t>(full / 100, 2) : full); };
+
+  baton::TrainingSpec pretrain{
+      .name = "pretrain",
+      .data = {.train = pretrain_data, .batch_size = 32},
+      .loss = baton::loss::token_cross_entropy(),
+      .optimizer = baton::optim::adamw({.lr = 1e-3, .weight_decay = 0.1}),
+      .schedule = baton::schedule::linear_warmup(steps(60), baton::schedule::cosine()),
+      .duration = steps(600),
+  };
+  pretrain.clip_grad_norm = 1.0;
+  pretrain.evaluation = baton::EvalSchedule{.spec = {.sets = {{"pretrain_val", pretrain_val.head(512)}},
+                                                     .loss = baton::loss::token_cross_entropy(),
+                                                     .metrics = {baton::metric::bits_per_token(), baton::metric::perplexity()}}};
+  // A fine-tune: its own data, head, loss, learning rate and duration; fresh optimizer moments.
+  auto task = [&](std::string name, const baton::Dataset& train, const baton::Dataset& test, std::int64_t classes,
+                  double lr, std::int64_t batches) {
+    auto s = pretrain.with_name(std::move(name)).with_duration(steps(batches)).with_optimizer_carry(baton::Carry::fresh);
+    s.data.train = train;
+    s.optimizer = baton::optim::adamw({.lr = lr, .weight_decay = 0.1});
+    s.schedule = baton::schedule::constant();
+    const bool lm = classes == 0;
+    s.loss = lm ? baton::loss::token_cross_entropy() : baton::loss::cross_entropy();
+    if (!lm) {
+      auto head = gpt;
+      head.classes = classes;
+      s.model = baton::ModelCarry::transfer(baton::models::gpt(head));
+    }
+    s.evaluation = baton::EvalSchedule{
+        .spec = {.sets = {{s.name + "_test", test}},
+                 .loss = s.loss,
+                 .metrics = lm ? std::vector<baton::Metric>{baton::metric::bits_per_token()}
+                               : std::vector<baton::Metric>{baton::metric::accuracy(), baton::metric::f1()}}};
+    return s;
+  };
+  std::vector<baton::TreeStage> stages = {
+      {pretrain},
+      {task("topic", topic, topic_test, static_cast<std::int64_t>(topic_classes.size()), 5e-4, 300), "pretrain", true},
+  };
+  if (languages_task) {
+    const auto language = or_exit(text::classification(labelled(all, text::Part::train, "language", language_classes),
+                                                       {.length = T, .label = "language", .classes = language_classes}), "language");
+    const auto language_test = or_exit(text::classification(labelled(all, text::Part::test, "language", language_classes),
+                                                            {.length = T, .label = "language", .classes = language_classes}), "language");
+    stages.push_back({task("language", language, language_test, static_cast<std::int64_t>(language_classes.size()), 5e-4, 150),
+                      "pretrain", true});
+  }
+  stages.push_back({task("science", science_data, science_test, 0, 3e-4, 150), "pretrain", true});
+
+  const auto initial = or_exit(baton::init_state(baton::models::gpt(gpt), {.seed = 7, .max_duration = steps(900)}), "init_state");
+  const auto result = or_exit(baton::run_tree(baton::RunOptions{.dir = dir, .name = "fortunes-gpt"}, stages, initial), "run_tree");
+  fmt::print("{}", result.table());
+  return 0;
+}
