@@ -31,14 +31,6 @@ T or_exit(baton::Expected<T> r, const char* what) {
   return std::move(*r);
 }
 
-/// The records of `part` whose label (topic or language) is among `classes`.
-std::vector<text::Record> labelled(const text::Corpus& corpus, text::Part part, const std::string& label,
-                                   const std::vector<std::string>& classes) {
-  std::vector<text::Record> out;
-  for (auto& r : text::split(corpus, part))
-    if (std::find(classes.begin(), classes.end(), label == "topic" ? r.topic : r.language) != classes.end()) out.push_back(r);
-  return out;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,26 +51,29 @@ int main(int argc, char** argv) {
   const auto runtime = or_exit(baton::configure_runtime({.threads = threads}), "configure_runtime");
   fmt::print("{}\n", runtime.to_string());
 
-  // The corpora: every language for pretraining, English for the topic task.
+  // The corpora: every language for pretraining, English for the topic task; each dataset
+  // records where it came from, so `baton eval` and the other tools rebuild it from the run.
   const std::vector<std::string> languages = quick ? std::vector<std::string>{"en"}
                                                    : std::vector<std::string>{"en", "de", "es", "it", "ru", "pl"};
   const std::vector<std::string> topics = quick ? std::vector<std::string>{"science", "computers"} : std::vector<std::string>{};
-  const auto all = or_exit(text::fortunes({.languages = languages, .topics = topics}), "fortunes");
-  const auto english = or_exit(text::fortunes({.topics = topics}), "fortunes");
-  const auto science = or_exit(text::fortunes({.topics = {"science"}}), "fortunes");
   const std::int64_t T = quick ? 32 : 128;
-
-  const auto pretrain_data = or_exit(text::lm_windows(text::split(all, text::Part::train), {.block_size = T, .name = "pretrain"}), "lm");
-  const auto pretrain_val = or_exit(text::lm_windows(text::split(all, text::Part::val), {.block_size = T, .name = "pretrain_val"}), "lm");
-  const auto topic_classes = text::labels_with(text::split(english, text::Part::train), "topic", quick ? 50 : 200);
-  const auto topic = or_exit(text::classification(labelled(english, text::Part::train, "topic", topic_classes),
-                                                  {.length = T, .classes = topic_classes, .name = "topic"}), "topic");
-  const auto topic_test = or_exit(text::classification(labelled(english, text::Part::test, "topic", topic_classes),
-                                                       {.length = T, .classes = topic_classes, .name = "topic_test"}), "topic");
-  const auto language_classes = text::labels_with(text::split(all, text::Part::train), "language", 200);
-  const bool languages_task = language_classes.size() >= 2;  // --quick has English only
-  const auto science_data = or_exit(text::lm_windows(text::split(science, text::Part::train), {.block_size = T, .name = "science"}), "lm");
-  const auto science_test = or_exit(text::lm_windows(text::split(science, text::Part::test), {.block_size = T, .name = "science_test"}), "lm");
+  const text::FortunesOptions all{.languages = languages, .topics = topics}, english{.topics = topics},
+      science{.topics = {"science"}};
+  auto lm = [&](const text::FortunesOptions& c, text::Part part, const char* name) {
+    return or_exit(text::fortunes_lm({.corpus = c, .part = part, .block_size = T, .name = name}), name);
+  };
+  auto labelled = [&](const text::FortunesOptions& c, text::Part part, const char* label, const char* name) {
+    return or_exit(text::fortunes_text({.corpus = c, .part = part, .length = T, .label = label,
+                                        .min_records = quick ? 50 : 200, .name = name}), name);
+  };
+  const auto pretrain_data = lm(all, text::Part::train, "pretrain");
+  const auto pretrain_val = lm(all, text::Part::val, "pretrain_val");
+  const auto topic = labelled(english, text::Part::train, "topic", "topic");
+  const auto topic_test = labelled(english, text::Part::test, "topic", "topic_test");
+  const auto topic_classes = or_exit(text::fortunes_classes({.corpus = english, .min_records = quick ? 50 : 200}), "topics");
+  const bool languages_task = languages.size() >= 2;  // --quick has English only
+  const auto science_data = lm(science, text::Part::train, "science");
+  const auto science_test = lm(science, text::Part::test, "science_test");
 
   const baton::models::GptOptions gpt{.block_size = T, .n_layer = quick ? 1 : 4, .n_head = quick ? 2 : 4, .n_embd = quick ? 32 : 128};
   auto steps = [&](std::int64_t full) { return baton::Time::batches(quick ? std::max<std::int64_t>(full / 100, 2) : full); };
@@ -121,12 +116,9 @@ int main(int argc, char** argv) {
       {task("topic", topic, topic_test, static_cast<std::int64_t>(topic_classes.size()), 5e-4, 300), "pretrain", true},
   };
   if (languages_task) {
-    const auto language = or_exit(text::classification(labelled(all, text::Part::train, "language", language_classes),
-                                                       {.length = T, .label = "language", .classes = language_classes}), "language");
-    const auto language_test = or_exit(text::classification(labelled(all, text::Part::test, "language", language_classes),
-                                                            {.length = T, .label = "language", .classes = language_classes}), "language");
-    stages.push_back({task("language", language, language_test, static_cast<std::int64_t>(language_classes.size()), 5e-4, 150),
-                      "pretrain", true});
+    const auto language = labelled(all, text::Part::train, "language", "language");
+    const auto language_test = labelled(all, text::Part::test, "language", "language_test");
+    stages.push_back({task("language", language, language_test, language.classes(), 5e-4, 150), "pretrain", true});
   }
   stages.push_back({task("science", science_data, science_test, 0, 3e-4, 150), "pretrain", true});
 

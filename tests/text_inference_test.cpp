@@ -45,7 +45,7 @@ std::pair<baton::TrainState, baton::ModelCard> small_lm() {
 }
 }  // namespace
 
-TEST_CASE("generate: the same seed gives the same text, from a state or its artifact; prompts past block_size are errors",
+TEST_CASE("generate: the same seed gives the same text, from a state or its artifact, and prompts past block_size are errors",
           "[text][gpt][inference]") {
   auto [state, card] = small_lm();
   const auto in_memory = ok(baton::predictor(state, card));

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "baton/text.hpp"
 #include "baton/tree.hpp"
 #include "helpers.hpp"
 #include "process.hpp"
@@ -384,7 +385,7 @@ optimizer = { lr = 0.001 }
 algorithms = { seq_length_warmup = { min_length = 8, duration = 0.5 } }
 )";
 
-TEST_CASE("a GPT tree on fortunes: pretraining, a topic classifier with its scratch baseline, continued LM; each branch "
+TEST_CASE("a GPT tree on fortunes: pretraining, a topic classifier with its scratch baseline, continued LM. Each branch "
           "equals an independent run of its path", "[tree][gpt][text]") {
   test::TempDir tmp;
   const fs::path file = tmp.path / "gpt.toml";
@@ -453,4 +454,45 @@ TEST_CASE("baton run of a GPT tree: Ctrl-C in a branch, then the same command tr
   for (const auto& [stage, when] : done) CHECK(mtime(dir / stage / "final.baton") == when);  // not trained again
   CHECK(fs::is_regular_file(dir / "lm" / "final.baton"));
   CHECK(branch_hashes(dir) == want);
+}
+
+TEST_CASE("a tree from C++ specs on fortunes: every tool reads its stage directories (eval, export --inference, generate)",
+          "[tree][gpt][cli]") {
+  test::TempDir tmp;
+  namespace text = baton::text;
+  const baton::models::GptOptions gpt{.block_size = 24, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  const auto lm = tree_value(text::fortunes_lm({.corpus = {.topics = {"science"}}, .block_size = 24, .name = "science"}));
+  const text::FortunesTextOptions topics{.corpus = {.topics = {"science", "computers"}}, .length = 24, .min_records = 50, .name = "topic"};
+  const auto topic = tree_value(text::fortunes_text(topics));
+  auto test_part = topics;
+  test_part.part = text::Part::test, test_part.name = "topic_test";
+  const auto topic_test = tree_value(text::fortunes_text(test_part));
+  baton::TrainingSpec pre{.name = "pre", .data = {.train = lm, .batch_size = 8}, .loss = baton::loss::token_cross_entropy(),
+                          .optimizer = baton::optim::adamw({.lr = 3e-3}), .duration = baton::Time::batches(6)};
+  auto tune = pre.with_name("topic").with_optimizer_carry(baton::Carry::fresh);
+  tune.data.train = topic;
+  tune.loss = baton::loss::cross_entropy();
+  auto head = gpt;
+  head.classes = 2;
+  tune.model = baton::ModelCarry::transfer(baton::models::gpt(head));
+  tune.evaluation = baton::EvalSchedule{.spec = {.sets = {{"topic_test", topic_test}}}};
+  const auto initial = tree_value(baton::init_state(baton::models::gpt(gpt), {.seed = 3, .max_duration = baton::Time::batches(12)}));
+  const fs::path dir = tmp.path / "tree";
+  const auto r = tree_value(baton::run_tree(baton::RunOptions{.dir = dir, .progress = false}, {{pre}, {tune, "pre"}}, initial));
+  REQUIRE(r.points.size() == 1);
+  const auto baton_cli = [](const std::string& args) { return test::shell(std::string(BATON_EXE) + " " + args); };
+
+  auto e = baton_cli(fmt::format("eval --state {} --data topic_test --metric accuracy", (dir / "topic/final.baton").string()));
+  INFO(e.out);
+  REQUIRE(e.rc == 0);
+  const auto accuracy = nlohmann::json::parse(e.out.substr(e.out.find('{'))).at("metrics").at("accuracy").get<double>();
+  CHECK(accuracy == Approx(r.points[0].final_metrics.at("topic_test").at("accuracy")));
+  e = baton_cli(fmt::format("export {} -o {} --inference", (dir / "topic/final.baton").string(), (tmp.path / "topic.pt").string()));
+  INFO(e.out);
+  REQUIRE(e.rc == 0);
+  CHECK_THAT(e.out, Catch::Contains("tokens [24], 2 class names"));
+  const auto g = baton_cli(fmt::format("generate {} --prompt 'An atom ' --max-tokens 10 --seed 2", (dir / "pre/final.baton").string()));
+  INFO(g.out);
+  CHECK(g.rc == 0);
+  CHECK_THAT(g.out, Catch::StartsWith("An atom "));
 }

@@ -127,6 +127,35 @@ struct ClassificationOptions {
 /// Errors: no records, a record whose label is not among `classes`.
 Expected<Dataset> classification(const std::vector<Record>& records, const ClassificationOptions& options = {});
 
+/// The `fortunes_lm` kind of a curriculum in one call: `fortunes(corpus)`, the `part` of its
+/// `split`, `lm_windows` of it. The dataset records where it came from (`Dataset::origin`), so the
+/// `baton` tools rebuild it from a C++ run's directory. The corpus is read once per process for
+/// every dataset of the same corpus (its files' names, sizes and times checked each call).
+struct FortunesLmOptions {
+  FortunesOptions corpus{};
+  Part part = Part::train;
+  SplitOptions split{};
+  std::int64_t block_size = 128;
+  std::string name = "fortunes-lm";
+};
+Expected<Dataset> fortunes_lm(const FortunesLmOptions& options = {});
+
+/// The `fortunes_text` kind in one call: the records of `part` whose label is one of
+/// `fortunes_classes(options)`, as `classification` of them (origin recorded as above).
+struct FortunesTextOptions {
+  FortunesOptions corpus{};
+  Part part = Part::train;
+  SplitOptions split{};
+  std::int64_t length = 256;
+  std::string label = "topic";     ///< "topic" or "language"
+  std::int64_t min_records = 200;  ///< a class needs this many training records
+  std::string name = "fortunes-text";
+};
+Expected<Dataset> fortunes_text(const FortunesTextOptions& options = {});
+/// The classes of `fortunes_text(options)`: the labels with at least `min_records` records in the
+/// training part, sorted (the same for every part). Error: fewer than two.
+Expected<std::vector<std::string>> fortunes_classes(const FortunesTextOptions& options = {});
+
 /// The labels (`label`: "topic" or "language") held by at least `min_records` of the given
 /// `records`, sorted: pass the whole corpus to pick the topics with enough records to learn and
 /// measure, whatever part is trained on.

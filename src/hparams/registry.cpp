@@ -124,92 +124,32 @@ Expected<FortunesKeys> fortunes_keys(detail::ParamReader& rd) {
   return k;
 }
 
-/// What a read of fortune databases depends on: the options, and each regular file's name, size
-/// and modification time in the languages' directories (a changed file is read again).
-std::string corpus_key(const text::FortunesOptions& o) {
-  std::string key = fmt::format("{}|{}|{}|{}", o.dir.string(), fmt::join(o.languages, ","), fmt::join(o.topics, ","),
-                                o.skip_undecodable);
-  for (const auto& language : o.languages) {
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(language == "en" ? o.dir : o.dir / language, ec)) {
-      std::error_code fe;
-      if (!e.is_regular_file(fe)) continue;
-      key += fmt::format("|{}:{}:{}", e.path().filename().string(), e.file_size(fe),
-                         e.last_write_time(fe).time_since_epoch().count());
-    }
-  }
-  return key;
-}
-
-/// The fortunes read once per process for every dataset that names the same corpus (a curriculum
-/// of several fortunes datasets otherwise reads and cleans the same 14 MB for each).
-Expected<text::Corpus> read_fortunes(const FortunesKeys& k) {
-  static std::mutex mutex;
-  static std::map<std::string, text::Corpus> cache;
-  const auto key = corpus_key(k.corpus);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = cache.find(key); it != cache.end()) return it->second;
-  }
-  auto corpus = text::fortunes(k.corpus);
-  if (corpus) {
-    std::lock_guard<std::mutex> lock(mutex);
-    cache.insert_or_assign(key, *corpus);
-  }
-  if (corpus && corpus->undecodable > 0)  // counted, and said: the user asked for it, but should know
-    fmt::print(stderr, "baton: fortunes in {}: skipped {} record(s) that are not UTF-8\n", k.corpus.dir.string(), corpus->undecodable);
-  return corpus;
-}
-
 Expected<Dataset> load_fortunes_lm(const Params& p) {
   detail::ParamReader rd(p, "dataset");
-  text::LmOptions o;
+  text::FortunesLmOptions o;
   o.block_size = rd.whole("block_size", o.block_size, 1, std::int64_t{1} << 20);
   auto keys = fortunes_keys(rd);
   if (!keys) return tl::unexpected(keys.error());
-  auto corpus = read_fortunes(*keys);
-  if (!corpus) return tl::unexpected(corpus.error());
-  o.name = "fortunes-lm";
-  return text::lm_windows(text::split(*corpus, keys->part, keys->split), o);
+  o.corpus = keys->corpus, o.part = keys->part, o.split = keys->split;
+  return text::fortunes_lm(o);
 }
 
-/// A fortunes_text dataset's keys read, its corpus read, and its classes: the labels with at
-/// least min_records training records, the same for every part.
-struct FortunesText {
-  text::ClassificationOptions options{};
-  FortunesKeys keys{};
-  text::Corpus corpus{};
-};
-
-Expected<FortunesText> fortunes_text(const Params& p) {
+Expected<text::FortunesTextOptions> fortunes_text_options(const Params& p) {
   detail::ParamReader rd(p, "dataset");
-  FortunesText t;
-  auto& o = t.options;
+  text::FortunesTextOptions o;
   o.length = rd.whole("length", o.length, 1, std::int64_t{1} << 20);
-  const auto min_records = rd.whole("min_records", 200, 1, std::int64_t{1} << 40);
+  o.min_records = rd.whole("min_records", o.min_records, 1, std::int64_t{1} << 40);
   o.label = rd.text("label", o.label);
+  if (o.label != "topic" && o.label != "language") rd.problem(fmt::format("dataset.label: \"{}\" is not one of topic, language", o.label));
   auto keys = fortunes_keys(rd);
   if (!keys) return tl::unexpected(keys.error());
-  t.keys = *keys;
-  auto corpus = read_fortunes(*keys);
-  if (!corpus) return tl::unexpected(corpus.error());
-  t.corpus = std::move(*corpus);
-  o.classes = text::labels_with(text::split(t.corpus, text::Part::train, keys->split), o.label, min_records);
-  if (o.classes.size() < 2)
-    return fail(ErrorCode::invalid_argument, fmt::format("dataset: fewer than two {}s have {} training records; lower min_records",
-                                                         o.label, min_records));
+  o.corpus = keys->corpus, o.part = keys->part, o.split = keys->split;
   o.name = "fortunes-" + o.label;
-  return t;
+  return o;
 }
 
 Expected<Dataset> load_fortunes_text(const Params& p) {
-  auto t = fortunes_text(p);
-  if (!t) return tl::unexpected(t.error());
-  const auto& o = t->options;
-  std::vector<text::Record> kept;
-  for (auto& r : text::split(t->corpus, t->keys.part, t->keys.split))
-    if (std::binary_search(o.classes.begin(), o.classes.end(), o.label == "language" ? r.language : r.topic)) kept.push_back(std::move(r));
-  return text::classification(kept, o);
+  return fortunes_text_options(p).and_then([](const text::FortunesTextOptions& o) { return text::fortunes_text(o); });
 }
 
 /// Inference cards of the text kinds: byte tokens; a classifier's class names.
@@ -220,11 +160,11 @@ Expected<void> describe_fortunes_lm(const Params&, ModelCard& card) {
 }
 
 Expected<void> describe_fortunes_text(const Params& p, ModelCard& card) {
-  auto t = fortunes_text(p);
-  if (!t) return tl::unexpected(t.error());
+  auto classes = fortunes_text_options(p).and_then([](const text::FortunesTextOptions& o) { return text::fortunes_classes(o); });
+  if (!classes) return tl::unexpected(classes.error());
   card.input = InputKind::tokens;
   card.tokenizer = text::ByteTokenizer::identity();
-  card.classes = t->options.classes;
+  card.classes = *classes;
   return {};
 }
 

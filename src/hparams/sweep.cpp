@@ -20,6 +20,7 @@
 #include "detail.hpp"
 #include "io.hpp"
 #include "internal.hpp"
+#include "run/internal.hpp"
 #include "weights.hpp"
 
 namespace baton {
@@ -38,6 +39,7 @@ struct Plan {
   std::vector<std::string> texts, keys;
   std::string branch;     // a tree's branch (its last stage); "" for a chain
   bool baseline = false;  // the branch's scratch baseline
+  bool tools = false;     // from C++ specs: each node gets a tools.toml (the model and data for the tools)
 };
 
 std::string point_text(const SweepPoint& p) { return p.empty() ? "(no overrides)" : fmt::format("{}", fmt::join(p, " ")); }
@@ -203,7 +205,12 @@ Expected<bool> train_node(const Plan& p, std::size_t level, const SweepOptions& 
   ro.progress = o.progress;
   ro.fresh = o.fresh;
   if (o.by_stage) ro.name = fmt::format("{}/{}{}", ro.name, p.baseline ? "scratch/" : "", p.specs[level].name);
+  // A node from C++ specs has no curriculum the tools could read: it gets a tools.toml, as a
+  // C++ run does (its model after this stage, its data), written once the run has its files.
+  const std::string tools = p.tools ? detail::tools_record({p.specs[level]}, *initial, ro.name, node) : std::string();
   auto res = run(ro, {p.specs[level]}, std::move(*initial));
+  if (!tools.empty() && fs::is_directory(node))
+    if (auto ok = detail::write_file_atomic(node / "tools.toml", tools, "tools record"); !ok) return context(ok.error());
   if (!res) return context(res.error());
   if (res->interrupted) return false;
   double seconds = 0;
@@ -390,6 +397,7 @@ Expected<SweepResult> run_tree(const RunOptions& options, const std::vector<Tree
   std::vector<Plan> plans;
   for (const auto& b : detail::branch_paths(names, shape)) {
     Plan p{{}, [&initial] { return Expected<TrainState>(initial); }, initial.factory, options, {}, {}, {}, b.name, b.baseline};
+    p.tools = true;
     for (auto i : b.stages) p.specs.push_back(stages[i].spec);
     std::vector<std::string> undescribed;
     for (std::size_t level = 0; level < p.specs.size(); ++level) {

@@ -52,10 +52,10 @@ struct List {
 struct Dict {
   std::vector<std::pair<Ref, Ref>> items;
 };
-struct Mark {};
+struct PickleMark {};
 
 struct Value {
-  std::variant<std::monostate, bool, std::int64_t, double, std::string, Global, Storage, Tuple, List, Dict, torch::Tensor, Mark> v;
+  std::variant<std::monostate, bool, std::int64_t, double, std::string, Global, Storage, Tuple, List, Dict, torch::Tensor, PickleMark> v;
 };
 
 Ref make(auto x) { return std::make_shared<Value>(Value{std::move(x)}); }
@@ -80,7 +80,7 @@ class Reader {
       switch (op) {
         case 0x80: byte(); break;  // PROTO
         case '.': return pop();    // STOP
-        case '(': stack_.push_back(make(Mark{})); break;
+        case '(': stack_.push_back(make(PickleMark{})); break;
         case 'N': stack_.push_back(make(std::monostate{})); break;
         case 0x88: stack_.push_back(make(true)); break;
         case 0x89: stack_.push_back(make(false)); break;
@@ -174,7 +174,7 @@ class Reader {
     if (stack_.empty()) fail_at("the pickle's stack is empty");
     auto v = std::move(stack_.back());
     stack_.pop_back();
-    if (std::holds_alternative<Mark>(v->v)) fail_at("a MARK where a value belongs");
+    if (std::holds_alternative<PickleMark>(v->v)) fail_at("a MARK where a value belongs");
     return v;
   }
   std::vector<Ref> since_mark() {
@@ -183,7 +183,7 @@ class Reader {
       if (stack_.empty()) fail_at("no MARK on the stack");
       auto v = std::move(stack_.back());
       stack_.pop_back();
-      if (std::holds_alternative<Mark>(v->v)) break;
+      if (std::holds_alternative<PickleMark>(v->v)) break;
       out.push_back(std::move(v));
     }
     return {out.rbegin(), out.rend()};
