@@ -185,7 +185,9 @@ Expected<Dataset> Document::dataset(const std::string& name) const {
   Expected<Dataset> loaded = [&]() -> Expected<Dataset> {
     auto kind_params = dataset_params(name);
     if (!kind_params) return tl::unexpected(kind_params.error());
-    const auto& [kind, params] = *kind_params;
+    // (not a structured binding: clang 14, the fuzz and sanitizer builds' compiler, cannot capture one)
+    const std::string& kind = kind_params->first;
+    const Params& params = kind_params->second;
     const auto* table = root["datasets"][name].as_table();
     Problems problems{source, {}};
     const Selection selection = read_selection(*table, "datasets." + name, problems);
