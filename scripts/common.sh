@@ -20,6 +20,8 @@ PACKAGES+=(libgloo-dev)
 PACKAGES+=(python3-torch)
 # scikit-learn for Python: tests/metrics_test.cpp checks the regression metrics against its own.
 PACKAGES+=(python3-sklearn)
+# SentencePiece: trained tokenizers for text (src/tokenizer.cpp, baton tokenize).
+PACKAGES+=(libsentencepiece-dev)
 # Text: the fortune-cookie databases (English and five other languages), the corpus of the
 # language models (include/baton/text.hpp, examples/fortunes_gpt.toml).
 PACKAGES+=(fortunes fortunes-de fortunes-es fortunes-it fortunes-ru fortunes-pl)

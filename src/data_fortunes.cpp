@@ -66,13 +66,22 @@ Params corpus_keys(const FortunesOptions& c, Part part, const SplitOptions& spli
 }  // namespace
 
 Expected<Dataset> fortunes_lm(const FortunesLmOptions& o) {
+  auto tokenizer = load_tokenizer(o.tokenizer);
+  if (!tokenizer) return tl::unexpected(tokenizer.error());
   auto corpus = cached(o.corpus);
   if (!corpus) return tl::unexpected(corpus.error());
-  auto ds = lm_windows(split(*corpus, o.part, o.split), {.block_size = o.block_size, .name = o.name});
+  auto ds = lm_windows(split(*corpus, o.part, o.split), {.block_size = o.block_size, .name = o.name, .tokenizer = *tokenizer});
   if (!ds) return ds;
   ds->origin = {"fortunes_lm", corpus_keys(o.corpus, o.part, o.split)};
   ds->origin.keys["block_size"] = static_cast<double>(o.block_size);
+  if (!tokenizer->bytes()) ds->origin.keys["tokenizer"] = detail::absolute_path(o.tokenizer);
   return ds;
+}
+
+Expected<Tokenizer> fortunes_tokenizer(const FortunesTokenizerOptions& o) {
+  auto corpus = cached(o.corpus);
+  if (!corpus) return tl::unexpected(corpus.error());
+  return train_tokenizer(split(*corpus, Part::train, o.split), o.tokenizer);
 }
 
 Expected<std::vector<std::string>> fortunes_classes(const FortunesTextOptions& o) {
@@ -90,17 +99,20 @@ Expected<std::vector<std::string>> fortunes_classes(const FortunesTextOptions& o
 Expected<Dataset> fortunes_text(const FortunesTextOptions& o) {
   auto classes = fortunes_classes(o);
   if (!classes) return tl::unexpected(classes.error());
+  auto tokenizer = load_tokenizer(o.tokenizer);
+  if (!tokenizer) return tl::unexpected(tokenizer.error());
   auto corpus = cached(o.corpus);
   if (!corpus) return tl::unexpected(corpus.error());
   std::vector<Record> kept;
   for (auto& r : split(*corpus, o.part, o.split))
     if (std::binary_search(classes->begin(), classes->end(), o.label == "language" ? r.language : r.topic)) kept.push_back(std::move(r));
-  auto ds = classification(kept, {.length = o.length, .label = o.label, .classes = *classes, .name = o.name});
+  auto ds = classification(kept, {.length = o.length, .label = o.label, .classes = *classes, .name = o.name, .tokenizer = *tokenizer});
   if (!ds) return ds;
   ds->origin = {"fortunes_text", corpus_keys(o.corpus, o.part, o.split)};
   ds->origin.keys["length"] = static_cast<double>(o.length);
   ds->origin.keys["label"] = o.label;
   ds->origin.keys["min_records"] = static_cast<double>(o.min_records);
+  if (!tokenizer->bytes()) ds->origin.keys["tokenizer"] = detail::absolute_path(o.tokenizer);
   return ds;
 }
 

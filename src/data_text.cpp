@@ -48,9 +48,9 @@ Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions
   if (o.block_size < 1) return fail(ErrorCode::invalid_argument, fmt::format("lm: block_size must be at least 1, got {}", o.block_size));
   std::vector<std::int64_t> tokens;
   for (const auto& r : records) {
-    const auto t = ByteTokenizer::encode(r.text);
+    const auto t = o.tokenizer.encode(r.text);
     tokens.insert(tokens.end(), t.begin(), t.end());
-    tokens.push_back(ByteTokenizer::end_of_text);
+    tokens.push_back(o.tokenizer.end_of_text());
   }
   if (static_cast<std::int64_t>(tokens.size()) < o.block_size + 1)
     return fail(ErrorCode::invalid_argument,
@@ -58,7 +58,7 @@ Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions
                             o.name, records.size(), tokens.size(), o.block_size + 1));
   auto stream = torch::tensor(tokens, torch::kLong);
   const auto identity = fmt::format("lm windows of {} tokens ({}) over {} tokens, sha256 {}", o.block_size,
-                                    ByteTokenizer::identity(), tokens.size(), detail::tensor_digest(stream).substr(0, 16));
+                                    o.tokenizer.identity(), tokens.size(), detail::tensor_digest(stream).substr(0, 16));
   return make_dataset(std::make_shared<LmSource>(std::move(stream), o.block_size, identity), o.name);
 }
 
@@ -73,7 +73,7 @@ Expected<Dataset> classification(const std::vector<Record>& records, const Class
   std::map<std::string, std::int64_t> index;
   for (std::size_t i = 0; i < classes.size(); ++i) index[classes[i]] = static_cast<std::int64_t>(i);
   const auto n = static_cast<std::int64_t>(records.size());
-  auto inputs = torch::full({n, o.length}, ByteTokenizer::pad, torch::kLong);
+  auto inputs = torch::full({n, o.length}, o.tokenizer.pad(), torch::kLong);
   auto targets = torch::empty({n}, torch::kLong);
   auto* x = inputs.data_ptr<std::int64_t>();
   auto* y = targets.data_ptr<std::int64_t>();
@@ -84,8 +84,9 @@ Expected<Dataset> classification(const std::vector<Record>& records, const Class
       return fail(ErrorCode::invalid_argument, fmt::format("text \"{}\": record {} has {} \"{}\", not one of the classes {}",
                                                            o.name, i, o.label, label_of(r), fmt::join(classes, ", ")));
     y[i] = it->second;
-    const auto take = std::min<std::int64_t>(o.length, static_cast<std::int64_t>(r.text.size()));
-    for (std::int64_t k = 0; k < take; ++k) x[i * o.length + k] = static_cast<unsigned char>(r.text[static_cast<std::size_t>(k)]);
+    const auto tokens = o.tokenizer.encode(r.text);
+    const auto take = std::min<std::int64_t>(o.length, static_cast<std::int64_t>(tokens.size()));
+    std::copy_n(tokens.begin(), take, x + i * o.length);
   }
   return make_dataset(std::move(inputs), std::move(targets), o.name);
 }

@@ -144,6 +144,24 @@ Metric bits_per_token() {
           [](const torch::Tensor& sums, std::int64_t) { return per_token(sums, [](double m) { return m / std::log(2.0); }); }};
 }
 
+Metric bits_per_byte(const std::vector<double>& byte_lengths) {
+  auto lengths = torch::tensor(byte_lengths, torch::kDouble);
+  return {"bits_per_byte", MetricTargets::any,
+          [lengths](const torch::Tensor& out, const torch::Tensor& y) {
+            TORCH_CHECK(y.dim() == 2 && y.scalar_type() == torch::kLong, "needs token targets [batch, positions], got ", y.sizes());
+            const auto real = y.ne(-100);
+            const auto ids = y.clamp_min(0);
+            TORCH_CHECK(ids.numel() == 0 || ids.max().item<std::int64_t>() < lengths.size(0), "token ", ids.max().item<std::int64_t>(),
+                        " is beyond the tokenizer's ", lengths.size(0), " tokens: is it the data's tokenizer?");
+            const auto bytes = (lengths.index_select(0, ids.flatten()).view(ids.sizes()) * real).sum(1);
+            return torch::stack({token_nats(out, y).select(1, 0), bytes}, 1);
+          },
+          [](const torch::Tensor& sums, std::int64_t) {
+            const double bytes = sums[1].item<double>();
+            return Values{{"", bytes > 0 ? sums[0].item<double>() / std::log(2.0) / bytes : 0.0}};
+          }};
+}
+
 Metric token_accuracy() {
   return {"token_accuracy", MetricTargets::any,
           [](const torch::Tensor& out, const torch::Tensor& y) {
@@ -230,6 +248,9 @@ Expected<Metric> builtin(const std::string& name) {
       {"balanced_accuracy", balanced_accuracy}, {"confusion_matrix", confusion_matrix},
       {"mae", mae}, {"mse", mse}, {"rmse", rmse}, {"r2", r2},
       {"perplexity", perplexity}, {"bits_per_token", bits_per_token}, {"token_accuracy", token_accuracy}};
+  if (name == "bits_per_byte")
+    return fail(ErrorCode::invalid_argument, "bits_per_byte depends on the tokenizer: metric::bits_per_byte(tokenizer.byte_lengths()) "
+                                             "(a curriculum's eval takes it by name, from its sets' tokenizer)");
   if (auto it = named.find(name); it != named.end()) return it->second();
   // top<k>_accuracy
   constexpr std::string_view head = "top", tail = "_accuracy";

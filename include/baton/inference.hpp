@@ -42,9 +42,13 @@ struct ModelCard {
   double std = 1.0;
   std::vector<std::string> columns{};     ///< features: the CSV columns, in input order (empty: by position)
   std::vector<std::string> classes{};     ///< class names by index (empty: indices only)
-  /// Tokens: the tokenizer that turns text into the model's ids ("bytes-v1": text::ByteTokenizer).
+  /// Tokens: the tokenizer that turns text into the model's ids, by its identity ("bytes-v1":
+  /// text::ByteTokenizer; "sentencepiece-<sha256>": a SentencePiece model, text::Tokenizer).
   /// `input_shape` is {T}, the longest input; a classifier's inputs are padded to T.
   std::string tokenizer{};
+  /// The SentencePiece model's bytes (empty for bytes): an artifact holds them as the record
+  /// `baton/tokenizer.model`, checked on reading against `tokenizer`.
+  std::string tokenizer_model{};
   std::string weights{};                  ///< whose weights: "" (the model's), "ema" or "swa"
   std::string origin{};                   ///< where they came from (state file, stage, time, params_sha256)
 };

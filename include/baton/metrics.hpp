@@ -87,6 +87,10 @@ Metric r2();
 Metric perplexity();
 Metric bits_per_token();
 Metric token_accuracy();
+/// Bits per byte of text: the real tokens' cross-entropy in bits over the bytes they stand for,
+/// `byte_lengths[id]` each (text::Tokenizer::byte_lengths()). Unlike bits per token, it compares
+/// across tokenizers. A curriculum's `metrics = ["bits_per_byte"]` takes its eval sets' tokenizer.
+Metric bits_per_byte(const std::vector<double>& byte_lengths);
 
 /// The metrics an evaluation gives when none are listed: accuracy and top-5 accuracy for class
 /// targets, none for others (the loss is always given).

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -99,10 +100,68 @@ struct ByteTokenizer {
   [[nodiscard]] static Expected<std::string> decode(const std::vector<std::int64_t>& tokens);
 };
 
+/// A tokenizer as a value: bytes (`ByteTokenizer`, no training) or a SentencePiece model
+/// (libsentencepiece: `train_tokenizer`, `load_tokenizer`). Immutable and shared: copies are
+/// cheap, and one may encode from many threads. Text round-trips exactly: a SentencePiece model
+/// trained here keeps bytes as they are (no normalization, no added space, unknown characters as
+/// UTF-8 byte tokens), so `decode(encode(t)) == t`.
+class Tokenizer {
+ public:
+  Tokenizer();  ///< bytes
+  /// A SentencePiece model from its serialized form (the `.model` file's bytes); `where` names it
+  /// in errors. It must have been made by `train_tokenizer` (or with the same special tokens:
+  /// unknown 0, padding 1, end of text 2, byte fallback).
+  static Expected<Tokenizer> from_model(std::string serialized, const std::string& where);
+
+  /// "bytes-v1", or "sentencepiece-" and the first 16 hex digits of the model's SHA-256: what
+  /// fingerprints, datasets' identities and model cards hold.
+  [[nodiscard]] const std::string& identity() const;
+  [[nodiscard]] bool bytes() const;
+  [[nodiscard]] std::int64_t vocab_size() const;
+  [[nodiscard]] std::int64_t end_of_text() const;  ///< between records in a stream
+  [[nodiscard]] std::int64_t pad() const;          ///< fills a classifier's input to its length
+  [[nodiscard]] std::vector<std::int64_t> encode(const std::string& text) const;
+  /// The text of tokens; end of text becomes "\n", padding nothing. A token outside
+  /// [0, vocab_size) is an error naming it.
+  [[nodiscard]] Expected<std::string> decode(const std::vector<std::int64_t>& tokens) const;
+  /// For each token id, the bytes of text it stands for: 1 for a byte, a piece's UTF-8 length,
+  /// 1 for end of text (the record separator, as in the bytes tokenizer), 0 for padding and
+  /// unknown. `metric::bits_per_byte` divides by their sum, so bits per byte compare across
+  /// tokenizers.
+  [[nodiscard]] const std::vector<double>& byte_lengths() const;
+  /// The SentencePiece model's bytes (empty for bytes): what `save` writes and artifacts hold.
+  [[nodiscard]] const std::string& model() const;
+  /// Writes `model()` to `file` (whole or not at all). Error: the bytes tokenizer (no file).
+  [[nodiscard]] Expected<void> save(const std::filesystem::path& file) const;
+
+  struct Impl;
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+/// How `train_tokenizer` trains a SentencePiece model.
+struct TokenizerOptions {
+  std::string type = "bpe";         ///< "bpe" or "unigram" (about 6x slower to train here)
+  std::int64_t vocab_size = 4096;   ///< with the 3 special tokens and the 256 byte tokens
+  double character_coverage = 0.9995;  ///< characters rarer than this share go to byte tokens
+};
+
+/// Trains a SentencePiece model on `records` (one sentence per record; give it the training
+/// part only, so no validation or test record shapes the vocabulary). Deterministic: the same
+/// records and options give the same model (one training thread). Errors: no records, a
+/// vocabulary too small or too large for them (SentencePiece's message).
+Expected<Tokenizer> train_tokenizer(const std::vector<Record>& records, const TokenizerOptions& options = {});
+
+/// A tokenizer from a file: "bytes" (or an empty path) is the bytes tokenizer, anything else a
+/// SentencePiece `.model` file. Read once per process per file (its size and time checked).
+/// Errors name the file: missing, unreadable, not a SentencePiece model.
+Expected<Tokenizer> load_tokenizer(const std::filesystem::path& file);
+
 /// Options of a language-model dataset.
 struct LmOptions {
   std::int64_t block_size = 128;  ///< T: the positions of a window
   std::string name = "lm";
+  Tokenizer tokenizer{};
 };
 
 /// Windows over the records' tokens joined into one stream (each record followed by
@@ -115,14 +174,15 @@ Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions
 
 /// Options of a text-classification dataset.
 struct ClassificationOptions {
-  std::int64_t length = 256;  ///< tokens per sample: longer records keep their first `length` bytes
+  std::int64_t length = 256;  ///< tokens per sample: longer records keep their first `length` tokens
   std::string label = "topic";  ///< "topic" or "language": what a record's class is
   /// The classes in label order; empty: the labels of the records, sorted.
   std::vector<std::string> classes{};
   std::string name = "text";
+  Tokenizer tokenizer{};
 };
 
-/// A classification dataset in memory: inputs int64 [N, length], a record's bytes then `pad`
+/// A classification dataset in memory: inputs int64 [N, length], a record's tokens then `pad`
 /// (truncated to `length` when longer), targets int64 [N] the index of its label in `classes`.
 /// Errors: no records, a record whose label is not among `classes`.
 Expected<Dataset> classification(const std::vector<Record>& records, const ClassificationOptions& options = {});
@@ -137,6 +197,7 @@ struct FortunesLmOptions {
   SplitOptions split{};
   std::int64_t block_size = 128;
   std::string name = "fortunes-lm";
+  std::filesystem::path tokenizer{};  ///< a SentencePiece model file (`load_tokenizer`); empty: bytes
 };
 Expected<Dataset> fortunes_lm(const FortunesLmOptions& options = {});
 
@@ -150,11 +211,22 @@ struct FortunesTextOptions {
   std::string label = "topic";     ///< "topic" or "language"
   std::int64_t min_records = 200;  ///< a class needs this many training records
   std::string name = "fortunes-text";
+  std::filesystem::path tokenizer{};  ///< a SentencePiece model file (`load_tokenizer`); empty: bytes
 };
 Expected<Dataset> fortunes_text(const FortunesTextOptions& options = {});
 /// The classes of `fortunes_text(options)`: the labels with at least `min_records` records in the
 /// training part, sorted (the same for every part). Error: fewer than two.
 Expected<std::vector<std::string>> fortunes_classes(const FortunesTextOptions& options = {});
+
+/// A tokenizer trained on the training part of fortune databases in one call (`baton tokenize`):
+/// `train_tokenizer` of `split(fortunes(corpus), Part::train, split)`. Keep `split` the same as
+/// the datasets': then no validation or test record of any task shapes the vocabulary.
+struct FortunesTokenizerOptions {
+  FortunesOptions corpus{};
+  SplitOptions split{};
+  TokenizerOptions tokenizer{};
+};
+Expected<Tokenizer> fortunes_tokenizer(const FortunesTokenizerOptions& options = {});
 
 /// The labels (`label`: "topic" or "language") held by at least `min_records` of the given
 /// `records`, sorted: pass the whole corpus to pick the topics with enough records to learn and

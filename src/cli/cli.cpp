@@ -330,6 +330,21 @@ int main(int argc, char** argv, const Registry& registry) {
   pack_cmd->add_flag("--float", pack_args.as_float, "Store image inputs as float32, not as 8-bit pixels");
   pack_cmd->add_option("--set", pack_args.sets, "Override a value of the curriculum: path=value");
 
+  TokenizeArgs tok;
+  auto* tokenize_cmd = app.add_subcommand("tokenize", "Train a SentencePiece tokenizer on the training part of the fortune "
+                                                      "databases (docs/language-models.md)");
+  tokenize_cmd->add_option("-o,--output", tok.out, "The tokenizer file to write (a SentencePiece .model)")->required();
+  tokenize_cmd->add_option("--languages", tok.options.corpus.languages, "Languages: en, de, es, it, ru, pl (default en)")
+      ->delimiter(',');
+  tokenize_cmd->add_option("--topics", tok.options.corpus.topics, "Topic files only (default: all)")->delimiter(',');
+  tokenize_cmd->add_option("--dir", tok.options.corpus.dir, "The fortunes directory (default /usr/share/games/fortunes)");
+  tokenize_cmd->add_flag("--skip-undecodable", tok.options.corpus.skip_undecodable, "Skip records that are not UTF-8 (counted)");
+  tokenize_cmd->add_option("--val", tok.options.split.val, "The split's validation fraction, as the datasets' (default 0.05)");
+  tokenize_cmd->add_option("--test", tok.options.split.test, "The split's test fraction, as the datasets' (default 0.05)");
+  tokenize_cmd->add_option("--vocab-size", tok.options.tokenizer.vocab_size, "Tokens, with 3 special and 256 byte tokens (default 4096)")
+      ->check(CLI::Range(std::int64_t{260}, std::int64_t{65535}));
+  tokenize_cmd->add_option("--type", tok.options.tokenizer.type, "bpe (default) or unigram")->check(CLI::IsMember({"bpe", "unigram"}));
+
   ExportArgs export_args;
   auto* export_cmd = app.add_subcommand("export", "A saved state's weights as a state_dict file for Python "
                                                   "(model.load_state_dict(torch.load(FILE)); docs/interop.md), or "
@@ -413,6 +428,7 @@ int main(int argc, char** argv, const Registry& registry) {
     if (*inspect_cmd) return inspect(inspect_path);
     if (*export_cmd) return export_weights(export_args, registry);
     if (*pack_cmd) return pack(pack_args, registry);
+    if (*tokenize_cmd) return tokenize(tok);
     if (*predict_cmd) return predict(predict_args, registry);
     if (*generate_cmd) return generate(generate_args, registry);
     if (*report_cmd) return write_report(report_dirs, report_out);

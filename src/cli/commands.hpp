@@ -9,6 +9,7 @@
 #include "baton/cli.hpp"
 #include "baton/error.hpp"
 #include "baton/hparams.hpp"
+#include "baton/text.hpp"
 
 namespace baton { struct SweepResult; }
 
@@ -66,6 +67,14 @@ struct PackArgs {
 };
 /// `baton pack`: a dataset of a curriculum written as packed shards (data::pack, docs/data.md).
 int pack(const PackArgs& args, const Registry& registry);
+
+/// What `baton tokenize` is asked for.
+struct TokenizeArgs {
+  std::string out;
+  text::FortunesTokenizerOptions options{};
+};
+/// `baton tokenize`: a SentencePiece tokenizer trained on the training part of fortune databases.
+int tokenize(const TokenizeArgs& args);
 
 /// What `baton sweep` is asked for.
 struct SweepArgs {

@@ -1,5 +1,8 @@
-// `baton pack` (commands.hpp): a curriculum's dataset as packed shards.
+// `baton pack` and `baton tokenize` (commands.hpp): a curriculum's dataset as packed shards; a tokenizer.
+#include <chrono>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "baton/data.hpp"
 #include "baton/inference.hpp"
@@ -24,6 +27,24 @@ int pack(const PackArgs& a, const Registry& registry) {
              "[datasets.<name>] kind = \"shards\", dir = \"{}\"\n",
              a.out, sum->samples, ds->name, sum->shards, static_cast<double>(sum->bytes) / 1e6,
              o.pixels ? "8-bit pixels" : "float32 inputs", a.out);
+  return exit_ok;
+}
+
+}  // namespace baton::cli
+
+namespace baton::cli {
+
+int tokenize(const TokenizeArgs& a) {
+  const auto start = std::chrono::steady_clock::now();
+  auto tokenizer = text::fortunes_tokenizer(a.options);
+  if (!tokenizer) return report(tokenizer.error());
+  if (auto saved = tokenizer->save(a.out); !saved) return report(saved.error());
+  const auto& o = a.options;
+  fmt::print("{}: {} tokenizer of {} tokens ({}), trained on the training part of fortunes {} in {:.1f} s; use it with "
+             "[datasets.<name>] tokenizer = \"{}\" and [model] vocab = {} (a classifier: pad = {})\n",
+             a.out, o.tokenizer.type, tokenizer->vocab_size(), tokenizer->identity(), fmt::join(o.corpus.languages, ", "),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), a.out, tokenizer->vocab_size(),
+             tokenizer->pad());
   return exit_ok;
 }
 

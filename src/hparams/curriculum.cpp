@@ -379,6 +379,7 @@ Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
   // the machine changes is checked on resume by numerics_environment (run.hpp). It is the same for
   // a file and its resolved form.
   detail::leave_out_bit_neutral(head);
+  detail::tokenizer_identities(head, impl.doc->base_dir);
   std::ostringstream fps;
   fps << head;
   impl.fingerprint = detail::sha256_hex(fps.str());

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "baton/data.hpp"
+#include "baton/text.hpp"
 #include "detail.hpp"
 #include "suggest.hpp"
 #include "internal.hpp"
@@ -28,7 +29,7 @@ struct Selection {
 /// The keys of the built-in dataset kinds that name input files.
 const std::map<std::string, std::vector<std::string>> kPathKeys = {
     {"fashion-mnist", {"dir"}}, {"idx", {"images", "labels"}}, {"csv", {"path"}}, {"shards", {"dir"}}, {"image_folder", {"root", "list"}},
-    {"fortunes_lm", {"dir"}}, {"fortunes_text", {"dir"}}};
+    {"fortunes_lm", {"dir", "tokenizer"}}, {"fortunes_text", {"dir", "tokenizer"}}};
 
 /// Reads a dataset table's selection keys; problems (placed at their nodes) go to `p`.
 Selection read_selection(const toml::table& t, const std::string& path, Problems& p) {
@@ -173,7 +174,8 @@ Expected<std::pair<std::string, Params>> Document::dataset_params(const std::str
   if (auto keys = kPathKeys.find(kind); keys != kPathKeys.end() && !base_dir.empty())
     for (const auto& key : keys->second)
       if (auto it = params.find(key); it != params.end())
-        if (auto* text = std::get_if<std::string>(&it->second); text && std::filesystem::path(*text).is_relative())
+        if (auto* text = std::get_if<std::string>(&it->second);
+            text && !text->empty() && *text != "bytes" && std::filesystem::path(*text).is_relative())
           *text = (base_dir / *text).string();
   return std::pair{kind, std::move(params)};
 }
@@ -208,7 +210,8 @@ void absolute_paths(toml::table& resolved, const std::filesystem::path& base_dir
   const auto base = std::filesystem::absolute(base_dir.empty() ? std::filesystem::path(".") : base_dir, ec);
   if (ec) return;
   const auto fix = [&](toml::node* n) {
-    if (auto* text = n ? n->as_string() : nullptr; text && !text->get().empty() && std::filesystem::path(text->get()).is_relative())
+    if (auto* text = n ? n->as_string() : nullptr;
+        text && !text->get().empty() && text->get() != "bytes" && std::filesystem::path(text->get()).is_relative())
       *text = (base / text->get()).lexically_normal().string();
   };
   if (auto* datasets = resolved["datasets"].as_table())
@@ -220,6 +223,19 @@ void absolute_paths(toml::table& resolved, const std::filesystem::path& base_dir
     auto* from = model->get("init_from");
     if (from && from->is_table()) from = from->as_table()->get("path");
     fix(from);
+  }
+}
+
+void tokenizer_identities(toml::table& resolved, const std::filesystem::path& base_dir) {
+  auto* datasets = resolved["datasets"].as_table();
+  if (!datasets) return;
+  for (auto&& [name, node] : *datasets) {
+    auto* t = node.as_table();
+    auto* file = t ? t->get_as<std::string>("tokenizer") : nullptr;
+    if (!file || file->get().empty() || file->get() == "bytes") continue;
+    std::filesystem::path path = file->get();
+    if (path.is_relative() && !base_dir.empty()) path = base_dir / path;
+    if (auto tokenizer = text::load_tokenizer(path)) *file = tokenizer->identity();
   }
 }
 

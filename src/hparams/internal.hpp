@@ -169,6 +169,10 @@ Expected<bool> train_in_processes(const std::filesystem::path& file, const std::
 /// The parsed file and what every builder shares.
 /// Makes the relative input paths of `resolved` (built-in dataset kinds' files, model.init_from)
 /// absolute from `base_dir`: the run directory's copy of a curriculum reads the same files.
+/// For the fingerprint: each dataset's `tokenizer` file replaced by what it holds (its identity,
+/// "sentencepiece-<sha256>"), so a tokenizer retrained into the same file is another run. A file
+/// that cannot be read is left as named (loading the dataset reports it).
+void tokenizer_identities(toml::table& resolved, const std::filesystem::path& base_dir);
 void absolute_paths(toml::table& resolved, const std::filesystem::path& base_dir);
 
 struct Document {

@@ -128,6 +128,7 @@ Expected<Dataset> load_fortunes_lm(const Params& p) {
   detail::ParamReader rd(p, "dataset");
   text::FortunesLmOptions o;
   o.block_size = rd.whole("block_size", o.block_size, 1, std::int64_t{1} << 20);
+  o.tokenizer = rd.text("tokenizer", "");
   auto keys = fortunes_keys(rd);
   if (!keys) return tl::unexpected(keys.error());
   o.corpus = keys->corpus, o.part = keys->part, o.split = keys->split;
@@ -140,6 +141,7 @@ Expected<text::FortunesTextOptions> fortunes_text_options(const Params& p) {
   o.length = rd.whole("length", o.length, 1, std::int64_t{1} << 20);
   o.min_records = rd.whole("min_records", o.min_records, 1, std::int64_t{1} << 40);
   o.label = rd.text("label", o.label);
+  o.tokenizer = rd.text("tokenizer", "");
   if (o.label != "topic" && o.label != "language") rd.problem(fmt::format("dataset.label: \"{}\" is not one of topic, language", o.label));
   auto keys = fortunes_keys(rd);
   if (!keys) return tl::unexpected(keys.error());
@@ -152,18 +154,25 @@ Expected<Dataset> load_fortunes_text(const Params& p) {
   return fortunes_text_options(p).and_then([](const text::FortunesTextOptions& o) { return text::fortunes_text(o); });
 }
 
-/// Inference cards of the text kinds: byte tokens; a classifier's class names.
-Expected<void> describe_fortunes_lm(const Params&, ModelCard& card) {
+/// A text kind's tokenizer (key `tokenizer`: a SentencePiece model file; none: bytes) into a card.
+Expected<void> describe_tokens(const Params& p, ModelCard& card) {
+  const auto it = p.find("tokenizer");
+  const auto* file = it == p.end() ? nullptr : std::get_if<std::string>(&it->second);
+  auto tokenizer = text::load_tokenizer(file ? *file : std::string());
+  if (!tokenizer) return tl::unexpected(tokenizer.error());
   card.input = InputKind::tokens;
-  card.tokenizer = text::ByteTokenizer::identity();
+  card.tokenizer = tokenizer->identity();
+  card.tokenizer_model = tokenizer->model();
   return {};
 }
+
+/// Inference cards of the text kinds: tokens and their tokenizer; a classifier's class names.
+Expected<void> describe_fortunes_lm(const Params& p, ModelCard& card) { return describe_tokens(p, card); }
 
 Expected<void> describe_fortunes_text(const Params& p, ModelCard& card) {
   auto classes = fortunes_text_options(p).and_then([](const text::FortunesTextOptions& o) { return text::fortunes_classes(o); });
   if (!classes) return tl::unexpected(classes.error());
-  card.input = InputKind::tokens;
-  card.tokenizer = text::ByteTokenizer::identity();
+  if (auto ok = describe_tokens(p, card); !ok) return ok;
   card.classes = *classes;
   return {};
 }
@@ -248,15 +257,16 @@ Registry Registry::builtin() {
                                      "small_cnn: channels1, channels2, hidden, classes, in_channels, image_size, dropout"};
   r.models["gpt"] = ModelEntry{{"vocab", "block_size", "n_layer", "n_head", "n_embd", "dropout", "classes", "pad"}, make_gpt,
                                "gpt: vocab, block_size, n_layer, n_head, n_embd, dropout, classes (0: language model), pad"};
-  r.datasets["fortunes_lm"] = DatasetEntry{{"dir", "languages", "topics", "part", "val", "test", "skip_undecodable", "block_size"},
+  r.datasets["fortunes_lm"] = DatasetEntry{{"dir", "languages", "topics", "part", "val", "test", "skip_undecodable", "block_size",
+                                            "tokenizer"},
                                            load_fortunes_lm,
                                            "fortunes_lm: languages, topics, part = \"train\" | \"val\" | \"test\", val, test, "
-                                           "block_size (byte-level language-model windows)", describe_fortunes_lm};
+                                           "block_size, tokenizer (a SentencePiece model file: baton tokenize; default: bytes)", describe_fortunes_lm};
   r.datasets["fortunes_text"] = DatasetEntry{{"dir", "languages", "topics", "part", "val", "test", "skip_undecodable", "length",
-                                              "label", "min_records"},
+                                              "label", "min_records", "tokenizer"},
                                              load_fortunes_text,
                                              "fortunes_text: languages, topics, part, val, test, length, label = \"topic\" | "
-                                             "\"language\", min_records (a class needs that many training records)",
+                                             "\"language\", min_records (a class needs that many training records), tokenizer",
                                              describe_fortunes_text};
   r.datasets["fashion-mnist"] = DatasetEntry{{"split", "dir", "normalize"}, load_fashion_mnist,
                                              "fashion-mnist: split = \"train\" | \"test\", dir"};

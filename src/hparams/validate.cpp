@@ -4,6 +4,9 @@
 #include <list>
 #include <set>
 
+#include "baton/inference.hpp"
+#include "baton/model.hpp"
+#include "baton/text.hpp"
 #include "detail.hpp"
 #include "horizon.hpp"
 #include "train/carry.hpp"
@@ -79,6 +82,31 @@ std::optional<std::string> data_problem(const TrainingSpec& spec, const Model& m
   return std::nullopt;
 }
 
+/// A GPT that does not fit its data's SentencePiece tokenizer: too few token embeddings, or a
+/// classifier that looks past another padding token than the one its inputs are padded with (a
+/// silent error: it would read padding as text).
+std::optional<std::string> tokenizer_problem(const Curriculum& cur, const TrainingSpec& spec) {
+  if (!spec.data.train.origin.keys.count("tokenizer")) return std::nullopt;
+  auto card = cur.model_card(spec.data.train.name, spec.name);
+  if (!card || card->model != "gpt" || card->tokenizer_model.empty()) return std::nullopt;
+  auto tokenizer = text::Tokenizer::from_model(card->tokenizer_model, card->tokenizer);
+  if (!tokenizer) return tokenizer.error().message;
+  auto option = [&](const char* key, std::int64_t fallback) {
+    const auto it = card->options.find(key);
+    const auto* v = it == card->options.end() ? nullptr : std::get_if<double>(&it->second);
+    return v ? static_cast<std::int64_t>(*v) : fallback;
+  };
+  const models::GptOptions defaults;
+  const auto vocab = option("vocab", defaults.vocab), pad = option("pad", defaults.pad), classes = option("classes", 0);
+  if (vocab < tokenizer->vocab_size())
+    return fmt::format("the model's vocab {} is smaller than the data's tokenizer ({}, {} tokens); set [model] vocab = {}", vocab,
+                       tokenizer->identity(), tokenizer->vocab_size(), tokenizer->vocab_size());
+  if (classes > 0 && pad != tokenizer->pad())
+    return fmt::format("the classifier's pad {} is not the padding token of its data's tokenizer ({}: {}), so it would read "
+                       "padding as text; set [model] pad = {}", pad, tokenizer->identity(), tokenizer->pad(), tokenizer->pad());
+  return std::nullopt;
+}
+
 }  // namespace
 
 /// Builds every stage and its evaluation plan, adding their problems.
@@ -103,7 +131,7 @@ void check_stages(const Curriculum& cur, Problems& all) {
                                                            detail::transfer_weights(*before->module, *m->module, spec->model.fresh));
             !why.empty())
           all.add(stage.impl()->get("model"), fmt::format("stage \"{}\": model: {}", spec->name, why));
-      for (auto problem : {detail::pattern_problem(*spec, *m->module), data_problem(*spec, *m)})
+      for (auto problem : {detail::pattern_problem(*spec, *m->module), data_problem(*spec, *m), tokenizer_problem(cur, *spec)})
         if (problem) all.list.push_back(fmt::format("{}: stage \"{}\": {}", all.source, spec->name, *problem));
     }
     // A stage longer than the whole run can never be trained as written.

@@ -97,6 +97,11 @@ Expected<Predictor> detail::make_predictor(const ModelCard& card, const ModelFac
     if (!loaded) return tl::unexpected(loaded.error());
     auto impl = std::make_shared<Predictor::Impl>();
     impl->card = card;
+    if (card.input == InputKind::tokens) {
+      auto tokenizer = card_tokenizer(card, "the model card");
+      if (!tokenizer) return tl::unexpected(tokenizer.error());
+      impl->tokenizer = *tokenizer;
+    }
     impl->model = std::move(loaded->first.model);
     impl->model.module->eval();
     impl->model.module->to(device);
@@ -118,7 +123,12 @@ Expected<ModelCard> read_model_card(const std::filesystem::path& artifact) {
       return fail(ErrorCode::data, fmt::format("{}: a state_dict without a model card, not an inference artifact; write one with "
                                                "baton export STATE -o FILE --inference (or save_for_inference)", where));
     auto [data, size] = zip->getRecord(detail::kCardRecord);
-    return detail::card_from_json(std::string_view(static_cast<const char*>(data.get()), size), where);
+    auto card = detail::card_from_json(std::string_view(static_cast<const char*>(data.get()), size), where);
+    if (card && zip->hasRecord(detail::kTokenizerRecord)) {
+      auto [model, model_size] = zip->getRecord(detail::kTokenizerRecord);
+      card->tokenizer_model.assign(static_cast<const char*>(model.get()), model_size);
+    }
+    return card;
   });
 }
 

@@ -10,26 +10,34 @@
 #include "inference/internal.hpp"
 
 namespace baton {
-namespace {
-/// The card's tokenizer; one this baton does not know is an error naming it.
-Expected<void> known_tokenizer(const ModelCard& card, const std::string& what) {
+
+Expected<text::Tokenizer> detail::card_tokenizer(const ModelCard& card, const std::string& what) {
   if (card.input != InputKind::tokens)
     return fail(ErrorCode::invalid_argument, fmt::format("{}: the model takes {}, not text", what,
                                                          card.input == InputKind::image ? "images" : "feature columns"));
-  if (card.tokenizer != text::ByteTokenizer::identity())
-    return fail(ErrorCode::invalid_argument, fmt::format("{}: the card's tokenizer \"{}\" is not one this baton knows ({})", what,
-                                                         card.tokenizer, text::ByteTokenizer::identity()));
-  return {};
+  if (card.tokenizer == text::ByteTokenizer::identity()) return text::Tokenizer{};
+  if (card.tokenizer.rfind("sentencepiece-", 0) != 0)
+    return fail(ErrorCode::invalid_argument, fmt::format("{}: the card's tokenizer \"{}\" is not one this baton knows ({}, "
+                                                         "sentencepiece-<sha256>)", what, card.tokenizer,
+                                                         text::ByteTokenizer::identity()));
+  if (card.tokenizer_model.empty())
+    return fail(ErrorCode::data, fmt::format("{}: the card names the tokenizer {}, but its model is missing (an artifact holds it "
+                                             "as {})", what, card.tokenizer, kTokenizerRecord));
+  auto t = text::Tokenizer::from_model(card.tokenizer_model, what + ": the card's tokenizer");
+  if (t && t->identity() != card.tokenizer)
+    return fail(ErrorCode::data, fmt::format("{}: the tokenizer model held is {}, but the card names {}: they do not belong "
+                                             "together", what, t->identity(), card.tokenizer));
+  return t;
 }
-}  // namespace
 
 Expected<torch::Tensor> encode_texts(const std::vector<std::string>& texts, const ModelCard& card) {
-  if (auto ok = known_tokenizer(card, "encode_texts"); !ok) return tl::unexpected(ok.error());
+  auto tokenizer = detail::card_tokenizer(card, "encode_texts");
+  if (!tokenizer) return tl::unexpected(tokenizer.error());
   const auto T = card.input_shape.at(0);
-  auto x = torch::full({static_cast<std::int64_t>(texts.size()), T}, text::ByteTokenizer::pad, torch::kLong);
+  auto x = torch::full({static_cast<std::int64_t>(texts.size()), T}, tokenizer->pad(), torch::kLong);
   auto* p = x.data_ptr<std::int64_t>();
   for (std::size_t i = 0; i < texts.size(); ++i) {
-    const auto ids = text::ByteTokenizer::encode(texts[i]);
+    const auto ids = tokenizer->encode(texts[i]);
     const auto take = std::min<std::int64_t>(T, static_cast<std::int64_t>(ids.size()));
     std::copy_n(ids.begin(), take, p + static_cast<std::int64_t>(i) * T);
   }
@@ -90,7 +98,7 @@ Expected<std::vector<std::int64_t>> Predictor::generate_tokens(const std::vector
         }
         next = torch::multinomial(torch::softmax(logits, 0), 1, false, generator).item<std::int64_t>();
       }
-      if (o.stop_at_end && c.tokenizer == text::ByteTokenizer::identity() && next == text::ByteTokenizer::end_of_text) break;
+      if (o.stop_at_end && c.input == InputKind::tokens && next == impl_->tokenizer.end_of_text()) break;
       all.push_back(next);
       out.push_back(next);
     }
@@ -99,14 +107,15 @@ Expected<std::vector<std::int64_t>> Predictor::generate_tokens(const std::vector
 }
 
 Expected<std::string> Predictor::generate(const std::string& prompt, const GenerateOptions& o) const {
-  if (auto ok = known_tokenizer(impl_->card, "generate"); !ok) return tl::unexpected(ok.error());
+  if (impl_->card.input != InputKind::tokens) return tl::unexpected(detail::card_tokenizer(impl_->card, "generate").error());
+  const auto& tokenizer = impl_->tokenizer;
   // A record of the training stream follows an end-of-text token: so does the prompt.
-  std::vector<std::int64_t> ids = {text::ByteTokenizer::end_of_text};
-  const auto body = text::ByteTokenizer::encode(prompt);
+  std::vector<std::int64_t> ids = {tokenizer.end_of_text()};
+  const auto body = tokenizer.encode(prompt);
   ids.insert(ids.end(), body.begin(), body.end());
   auto out = generate_tokens(ids, o);
   if (!out) return tl::unexpected(out.error());
-  return text::ByteTokenizer::decode(*out);
+  return tokenizer.decode(*out);
 }
 
 }  // namespace baton

@@ -210,7 +210,9 @@ Expected<void> save_for_inference(const TrainState& state, const ModelCard& card
     if (!card.classes.empty() && out->size(1) != static_cast<std::int64_t>(card.classes.size()))
       return fail(ErrorCode::shape_mismatch, fmt::format("save_for_inference: {} class names for a model of {} outputs",
                                                          card.classes.size(), out->size(1)));
-    return pt_bytes(*tensors, {{detail::kCardRecord, card_json}}).and_then([&](const std::string& bytes) {
+    std::vector<std::pair<std::string, std::string>> records = {{detail::kCardRecord, card_json}};
+    if (!card.tokenizer_model.empty()) records.emplace_back(detail::kTokenizerRecord, card.tokenizer_model);
+    return pt_bytes(*tensors, records).and_then([&](const std::string& bytes) {
       return detail::write_file_atomic(path, bytes, "inference artifact");
     });
   });
