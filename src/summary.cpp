@@ -116,7 +116,7 @@ Expected<torch::Tensor> sequential_rows(torch::nn::SequentialImpl& seq, torch::T
 }  // namespace
 
 Expected<ModelSummary> summarize(const TrainState& state, const std::vector<std::int64_t>& sample,
-                                 const std::vector<TrainingSpec>& stages) {
+                                 const std::vector<TrainingSpec>& stages, std::optional<c10::ScalarType> dtype) {
   return detail::guard([&]() -> Expected<ModelSummary> {
     if (!state.model.module) return fail(ErrorCode::invalid_argument, "summary: the state has no model");
     TrainState copy = state;  // a forward pass changes nothing of the caller's, even in eval mode
@@ -134,7 +134,7 @@ Expected<ModelSummary> summarize(const TrainState& state, const std::vector<std:
     s.megabytes = bytes / 1e6;
     std::vector<std::int64_t> shape{1};
     shape.insert(shape.end(), sample.begin(), sample.end());
-    const auto options = torch::TensorOptions().dtype(params.empty() ? torch::kFloat : params.front().scalar_type())
+    const auto options = torch::TensorOptions().dtype(dtype ? *dtype : params.empty() ? torch::kFloat : params.front().scalar_type())
                              .device(params.empty() ? c10::Device(c10::kCPU) : params.front().device());
     const auto x = torch::zeros(shape, options);
     Expected<torch::Tensor> out = x;

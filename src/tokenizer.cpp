@@ -40,8 +40,15 @@ struct Shim {
 Expected<const Shim*> shim() {
   static const Expected<Shim> loaded = []() -> Expected<Shim> {
     std::vector<std::string> tried;
-    if (const char* env = std::getenv("BATON_SENTENCEPIECE_SHIM"); env && *env) tried.push_back(env);
-    else tried = {BATON_SHIM_BUILD_PATH, BATON_SHIM_INSTALL_PATH};
+    if (const char* env = std::getenv("BATON_SENTENCEPIECE_SHIM"); env && *env) {
+      tried.push_back(env);
+    } else {
+      tried = {BATON_SHIM_BUILD_PATH, BATON_SHIM_INSTALL_PATH};
+      // An installed tree moved elsewhere: lib/ beside the program's bin/.
+      std::error_code ec;
+      if (const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec); !ec)
+        tried.push_back((exe.parent_path().parent_path() / "lib" / std::filesystem::path(BATON_SHIM_INSTALL_PATH).filename()).string());
+    }
     std::string why;
     for (const auto& path : tried) {
       std::error_code ec;

@@ -490,7 +490,7 @@ TEST_CASE("a tree from C++ specs on fortunes: every tool reads its stage directo
   e = baton_cli(fmt::format("export {} -o {} --inference", (dir / "topic/final.baton").string(), (tmp.path / "topic.pt").string()));
   INFO(e.out);
   REQUIRE(e.rc == 0);
-  CHECK_THAT(e.out, Catch::Contains("tokens [24], 2 class names"));
+  CHECK_THAT(e.out, Catch::Contains("tokens [24] (bytes-v1), 2 class names; classify with: baton predict"));
   const auto g = baton_cli(fmt::format("generate {} --prompt 'An atom ' --max-tokens 10 --seed 2", (dir / "pre/final.baton").string()));
   INFO(g.out);
   CHECK(g.rc == 0);

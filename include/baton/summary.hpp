@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <optional>
+
+#include <c10/core/ScalarType.h>
 #include <string>
 #include <vector>
 
@@ -53,8 +55,10 @@ struct ModelSummary {
 /// 28}), with trainable/frozen counts for each of `stages` (of the model each stage trains: from a
 /// stage with a model of its own, `ModelCarry` with a factory, that one). Runs one forward pass of a batch of
 /// one zero sample on a copy of the state (in eval mode, without gradients): `state` is not
-/// changed. Errors: a forward pass that fails on that shape (shape_mismatch, naming the module).
+/// changed. The sample's `dtype` is that of the model's parameters unless given (int64 for a
+/// language model's token ids). Errors: a forward pass that fails on that shape (shape_mismatch,
+/// naming the module).
 Expected<ModelSummary> summarize(const TrainState& state, const std::vector<std::int64_t>& sample,
-                                 const std::vector<TrainingSpec>& stages = {});
+                                 const std::vector<TrainingSpec>& stages = {}, std::optional<c10::ScalarType> dtype = std::nullopt);
 
 }  // namespace baton

@@ -123,8 +123,13 @@ Expected<void> read_pause(const RunArgs& a, RunOptions& o) {
 /// them gets a note here and its error from the fit.
 void print_summary(const TrainState& initial, const std::vector<TrainingSpec>& specs) {
   if (specs.empty() || specs.front().data.train.size() == 0) return;
-  const auto sample = specs.front().data.train.input_shape();
-  auto s = summarize(initial, sample, specs);
+  const auto& data = specs.front().data.train;
+  const auto sample = data.input_shape();
+  // Samples as the data holds them: token ids stay integers (integral inputs other than tokens
+  // are made floating by the model's own first layer, as in training).
+  std::optional<c10::ScalarType> dtype;
+  if (auto first = data.range(0, 1); first && first->inputs.scalar_type() == torch::kLong) dtype = torch::kLong;
+  auto s = summarize(initial, sample, specs, dtype);
   if (s) fmt::print("{}", s->to_string());
   else fmt::print(stderr, "baton: no model summary: {}\n", s.error().to_string());
 }

@@ -192,11 +192,14 @@ int export_weights(const ExportArgs& a, const Registry& registry) {
     auto card = card_for(a, *cur);
     if (!card) return report(card.error());
     if (auto ok = save_for_inference(*state, *card, a.out); !ok) return report(ok.error());
-    fmt::print("{}: inference artifact: model \"{}\", {} [{}], {} class names{}; classify with: baton predict {} INPUT "
+    const bool language_model = card->input == InputKind::tokens && card->classes.empty();
+    fmt::print("{}: inference artifact: model \"{}\", {} [{}]{}, {} class names{}; {}: baton {} {} {} "
                "(Python's torch.load reads it as the state_dict)\n",
                a.out, card->model, card->input == InputKind::image ? "images" : card->input == InputKind::tokens ? "tokens" : "features",
-               fmt::join(card->input_shape, ", "),
-               card->classes.size(), a.weights.empty() ? "" : ", the " + a.weights + " weights", a.out);
+               fmt::join(card->input_shape, ", "), card->tokenizer.empty() ? "" : " (" + card->tokenizer + ")",
+               card->classes.size(), a.weights.empty() ? "" : ", the " + a.weights + " weights",
+               language_model ? "generate text with" : "classify with", language_model ? "generate" : "predict", a.out,
+               language_model ? "--prompt TEXT" : "INPUT");
     return exit_ok;
   }
   if (!a.data.empty() || !a.classes.empty())
