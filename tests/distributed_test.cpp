@@ -268,6 +268,50 @@ TEST_CASE("2 ranks x batch 64 equal 1 rank x batch 128 within float tolerance af
   }
 }
 
+TEST_CASE("2 ranks: token cross-entropy weighs each rank by its real tokens, as one process does", "[distributed][text]") {
+  // Samples with 1 to 16 real tokens (the rest padding, -100): whatever the ranks' halves of a
+  // global batch, they hold different numbers of real tokens. A mean of per-rank means would
+  // weigh a padded rank's tokens more than one process does.
+  const std::int64_t n = 256, T = 16;
+  const auto inputs = (torch::arange(n * T, torch::kLong) * 7919).remainder(258).view({n, T});
+  auto targets = inputs.roll(-1, 1).clone();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto real = 1 + (i * 37 + i / 7) % T;
+    targets[i].narrow(0, real, T - real).fill_(-100);
+  }
+  const auto data = ok(baton::make_dataset(inputs, targets, "padded tokens"));
+  const auto gpt = baton::models::gpt({.block_size = T, .n_layer = 1, .n_head = 2, .n_embd = 16});
+  const baton::TrainingSpec spec{.data = {.train = data, .batch_size = 32},
+                                 .loss = baton::loss::token_cross_entropy(),
+                                 .optimizer = baton::optim::sgd({.lr = 0.5}),
+                                 .duration = baton::Time::batches(16)};
+  const auto one = ok(baton::fit(spec, state_of(gpt)));
+  const auto init = state_of(gpt);
+  auto results = on_ranks<baton::TrainState>(2, [&](int, std::shared_ptr<const baton::Distributed> g) {
+    return baton::fit(spec.with_distributed(g), init);
+  });
+  const auto two = ok(results[0]);
+  REQUIRE(baton::bitwise_equal(two, ok(results[1])));
+  const auto a = flat_params(one), b = flat_params(two);
+  const double diff = (a - b).abs().max().item<double>();
+  const double moved = (a - flat_params(init)).abs().max().item<double>();
+  INFO("max |1 rank - 2 ranks| = " << diff << ", max weight change " << moved);
+  CHECK(diff < 1e-5);  // measured: 2.3e-6 (float summation order)
+  CHECK(moved > 1e-2);
+  CHECK(two.history.back().last_loss == Approx(one.history.back().last_loss).epsilon(1e-4));
+
+  // The same loss without its token count (each rank's mean weighted by its samples) misses one
+  // process by far more than the tolerance: what the check above would catch.
+  auto per_rank_mean = spec;
+  per_rank_mean.loss.units = nullptr;
+  auto unweighted = on_ranks<baton::TrainState>(2, [&](int, std::shared_ptr<const baton::Distributed> g) {
+    return baton::fit(per_rank_mean.with_distributed(g), init);
+  });
+  const double wrong = (a - flat_params(ok(unweighted[0]))).abs().max().item<double>();
+  INFO("max |1 rank - 2 ranks weighted by samples| = " << wrong);
+  CHECK(wrong > 1e-4);
+}
+
 TEST_CASE("resume a 2-rank run on 1 rank and on 2 ranks: every global batch holds the same sample ids", "[distributed]") {
   const auto data = with_ids(500);  // batch 64: 8 batches per epoch, the last of 52 (26 + 26)
   const auto dir = dist_dir("resume");

@@ -79,11 +79,16 @@ TEST_CASE("generate: the same seed gives the same text, from a state or its arti
   REQUIRE_FALSE(too_long);
   CHECK_THAT(too_long.error().message, Catch::Contains("prompt of 25 tokens") && Catch::Contains("1 to 24 (its block_size)"));
 
+  // A tokenizer this baton does not know, or a SentencePiece one without its model: refused on loading.
   auto bad = card;
-  bad.tokenizer = "sentencepiece-unigram-4k";
-  const auto mismatched = ok(baton::predictor(state, bad)).generate("the", o);
-  REQUIRE_FALSE(mismatched);
-  CHECK_THAT(mismatched.error().message, Catch::Contains("tokenizer \"sentencepiece-unigram-4k\" is not one this baton knows"));
+  bad.tokenizer = "wordpiece-v9";
+  const auto unknown = baton::predictor(state, bad);
+  REQUIRE_FALSE(unknown);
+  CHECK_THAT(unknown.error().message, Catch::Contains("tokenizer \"wordpiece-v9\" is not one this baton knows"));
+  bad.tokenizer = "sentencepiece-0123456789abcdef";
+  const auto without_model = baton::predictor(state, bad);
+  REQUIRE_FALSE(without_model);
+  CHECK_THAT(without_model.error().message, Catch::Contains("but its model is missing"));
   // A language model does not classify.
   const auto classified = loaded.predict(ok(baton::encode_texts({"the cat"}, loaded.card())));
   REQUIRE_FALSE(classified);
