@@ -8,6 +8,7 @@
 
 #include "baton/text.hpp"
 #include "data_internal.hpp"
+#include "text_internal.hpp"
 #include "detail.hpp"
 
 namespace baton::text {
@@ -17,8 +18,10 @@ namespace {
 /// (seed, epoch, index), so workers, splits and resumes agree.
 class LmSource final : public Source {
  public:
-  LmSource(torch::Tensor stream, std::int64_t block, std::string identity)
-      : stream_(std::move(stream)), block_(block), identity_(std::move(identity)) {}
+  LmSource(torch::Tensor stream, std::int64_t block, std::string identity, Tokenizer tokenizer)
+      : stream_(std::move(stream)), block_(block), identity_(std::move(identity)), tokenizer_(std::move(tokenizer)) {}
+  const torch::Tensor& stream() const { return stream_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
   std::int64_t size() const override { return (stream_.size(0) - 1) / block_; }
   std::vector<std::int64_t> input_shape() const override { return {block_}; }
   std::int64_t classes() const override { return 0; }
@@ -29,7 +32,7 @@ class LmSource final : public Source {
     std::int64_t phase = 0;
     if (context.epoch >= 0) {
       std::uint64_t x = context.seed ^ (static_cast<std::uint64_t>(context.epoch) * 0xD1B54A32D192ED03ULL);
-      phase = static_cast<std::int64_t>(detail::splitmix64(x) % static_cast<std::uint64_t>(room));
+      phase = static_cast<std::int64_t>(baton::detail::splitmix64(x) % static_cast<std::uint64_t>(room));
     }
     const auto starts = (indices.to(torch::kLong) * block_ + phase).remainder(room);
     const auto at = starts.unsqueeze(1) + torch::arange(block_ + 1, torch::kLong).unsqueeze(0);  // [B, T + 1]
@@ -41,8 +44,23 @@ class LmSource final : public Source {
   torch::Tensor stream_;  // int64 [L]
   std::int64_t block_;
   std::string identity_;
+  Tokenizer tokenizer_;
 };
+
 }  // namespace
+
+Expected<Dataset> lm_internal::lm_over(torch::Tensor stream, const Tokenizer& tokenizer, std::int64_t block, const std::string& name) {
+  const auto n = stream.size(0);
+  const auto identity = fmt::format("lm windows of {} tokens ({}) over {} tokens, sha256 {}", block, tokenizer.identity(), n,
+                                    baton::detail::tensor_digest(stream).substr(0, 16));
+  return make_dataset(std::make_shared<LmSource>(std::move(stream), block, identity, tokenizer), name);
+}
+
+std::optional<lm_internal::Stream> lm_internal::stream_of(const Dataset& d) {
+  const auto* lm = dynamic_cast<const LmSource*>(d.source.get());
+  if (!lm) return std::nullopt;
+  return Stream{lm->stream(), lm->tokenizer()};
+}
 
 Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions& o) {
   if (o.block_size < 1) return fail(ErrorCode::invalid_argument, fmt::format("lm: block_size must be at least 1, got {}", o.block_size));
@@ -56,10 +74,7 @@ Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions
     return fail(ErrorCode::invalid_argument,
                 fmt::format("lm \"{}\": {} records give {} tokens, fewer than block_size + 1 = {}; an empty corpus or part?",
                             o.name, records.size(), tokens.size(), o.block_size + 1));
-  auto stream = torch::tensor(tokens, torch::kLong);
-  const auto identity = fmt::format("lm windows of {} tokens ({}) over {} tokens, sha256 {}", o.block_size,
-                                    o.tokenizer.identity(), tokens.size(), detail::tensor_digest(stream).substr(0, 16));
-  return make_dataset(std::make_shared<LmSource>(std::move(stream), o.block_size, identity), o.name);
+  return lm_internal::lm_over(torch::tensor(tokens, torch::kLong), o.tokenizer, o.block_size, o.name);
 }
 
 Expected<Dataset> classification(const std::vector<Record>& records, const ClassificationOptions& o) {

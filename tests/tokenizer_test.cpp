@@ -211,3 +211,89 @@ eval = {{ sets = ["science_val"], metrics = ["bits_per_byte", "bits_per_token"] 
   CHECK_THAT(baton::encode_texts({"x"}, wrong).error().message, Catch::Contains("\"wordpiece-v9\" is not one this baton knows"));
   CHECK(ok(predictor.generate("The universe ", {.max_tokens = 5, .seed = 1})).size() > 0);
 }
+
+TEST_CASE("token shards: a language model's stream packed once, read back as the same windows, damage named", "[text][tokenizer][data]") {
+  test::TempDir dir;
+  const auto tok = dir.path / "tok.model";
+  REQUIRE(ok(baton::text::fortunes_tokenizer({.corpus = {.topics = {"science", "computers"}}, .tokenizer = {.vocab_size = 512}})).save(tok));
+  const auto lm = ok(baton::text::fortunes_lm({.corpus = {.topics = {"science"}}, .block_size = 32, .tokenizer = tok}));
+  const auto sum = ok(baton::text::pack_tokens(lm, dir.path / "shards", {.tokens_per_shard = 5000}));
+  CHECK(sum.shards > 2);
+  CHECK(fs::exists(dir.path / "shards/tokenizer.model"));
+  const auto back = ok(baton::text::token_shards(dir.path / "shards", {.block_size = 32}));
+  // The same stream, tokenizer and windows: the same identity (it holds the stream's SHA-256).
+  CHECK(back.source->identity() == lm.source->identity());
+  CHECK(back.size() == lm.size());
+  const baton::SampleContext epoch3{.seed = 5, .epoch = 3};
+  const auto idx = torch::arange(0, lm.size(), 7, torch::kLong);
+  CHECK(ok(back.gather(idx, epoch3)).inputs.equal(ok(lm.gather(idx, epoch3)).inputs));
+  CHECK(sum.tokens == (back.size() * 32) + (sum.tokens - 1) % 32 + 1);
+
+  // Bad inputs, each named.
+  CHECK_THAT(baton::text::pack_tokens(lm, dir.path / "shards").error().message, Catch::Contains("exists"));
+  const auto classes = ok(baton::text::classification(mixed_records(20), {.length = 8}));
+  CHECK_THAT(baton::text::pack_tokens(classes, dir.path / "x").error().message, Catch::Contains("not a language-model dataset"));
+  fs::copy(dir.path / "shards", dir.path / "damaged");
+  {
+    std::fstream f(dir.path / "damaged/tokens-00001.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.put('\x07');
+  }
+  CHECK_THAT(baton::text::token_shards(dir.path / "damaged").error().message, Catch::Contains("tokens-00001.bin: wrong checksum"));
+  fs::resize_file(dir.path / "damaged/tokens-00001.bin", 100);
+  CHECK_THAT(baton::text::token_shards(dir.path / "damaged").error().message, Catch::Contains("truncated"));
+  fs::copy(dir.path / "shards", dir.path / "other-tokenizer");
+  REQUIRE(ok(baton::text::train_tokenizer(mixed_records(300), {.vocab_size = 320})).save(dir.path / "other-tokenizer/tokenizer.model"));
+  CHECK_THAT(baton::text::token_shards(dir.path / "other-tokenizer").error().message, Catch::Contains("do not belong together"));
+  CHECK_THAT(baton::text::token_shards(dir.path / "nowhere").error().message, Catch::Contains("tokens.json"));
+
+  // From the command line: baton pack of a curriculum's language-model dataset, then a curriculum
+  // trains on the shards; the fingerprint follows their content.
+  std::ofstream(dir.path / "c.toml") << R"(
+[run]
+name = "packed"
+seed = 3
+max_duration = "4ba"
+[model]
+name = "gpt"
+vocab = 512
+block_size = 32
+n_layer = 1
+n_head = 2
+n_embd = 16
+[datasets.science]
+kind = "fortunes_lm"
+topics = ["science"]
+block_size = 32
+tokenizer = "tok.model"
+[datasets.packed]
+kind = "token_shards"
+dir = "cli-shards"
+block_size = 32
+[[stages]]
+name = "pretrain"
+data = "packed"
+duration = "4ba"
+batch_size = 4
+loss = "token_cross_entropy"
+optimizer = { name = "adamw", lr = 0.01 }
+eval = { sets = ["packed"], metrics = ["bits_per_byte"] }
+)";
+  auto r = baton_cli(fmt::format("pack {} science -o {}", (dir.path / "c.toml").string(), (dir.path / "cli-shards").string()));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("kind = \"token_shards\""));
+  r = baton_cli("validate " + (dir.path / "c.toml").string());
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const auto fingerprint = r.out.substr(r.out.find("fingerprint"));
+  r = baton_cli(fmt::format("run {} --run-dir {}", (dir.path / "c.toml").string(), (dir.path / "run").string()));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, Catch::Contains("packed/bits_per_byte"));
+  fs::remove_all(dir.path / "cli-shards");
+  REQUIRE(ok(baton::text::pack_tokens(ok(baton::text::fortunes_lm({.corpus = {.topics = {"computers"}}, .tokenizer = tok})),
+                                      dir.path / "cli-shards")).tokens > 0);
+  r = baton_cli("validate " + (dir.path / "c.toml").string());
+  CHECK(r.out.substr(r.out.find("fingerprint")) != fingerprint);
+}

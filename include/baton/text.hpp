@@ -172,6 +172,40 @@ struct LmOptions {
 /// Inputs and targets are int64 [T]. Error: fewer than T + 1 tokens.
 Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions& options = {});
 
+/// Options of `pack_tokens`.
+struct TokenPackOptions {
+  std::int64_t tokens_per_shard = std::int64_t{1} << 24;  ///< tokens per shard file (32 MiB); the last holds the rest
+};
+
+/// What `pack_tokens` wrote.
+struct TokenPackSummary {
+  std::int64_t tokens = 0;
+  std::int64_t shards = 0;
+  std::int64_t bytes = 0;  ///< all files together
+};
+
+/// Writes the token stream of a language-model dataset (`lm_windows`, `fortunes_lm`: its records'
+/// tokens, each followed by end of text) to directory `dir` as token shards (docs/data.md): a
+/// manifest `tokens.json` (the tokenizer's identity and vocabulary, the token count, each shard's
+/// CRC-32), files `tokens-NNNNN.bin` of little-endian uint16 ids, and the tokenizer's model as
+/// `tokenizer.model` (a SentencePiece one), so the directory is all a run needs. Written to a
+/// temporary directory and renamed: `dir` is complete or absent. Errors: not a language-model
+/// dataset, an existing `dir`, a vocabulary over 65,536 tokens.
+Expected<TokenPackSummary> pack_tokens(const Dataset& lm, const std::filesystem::path& dir, const TokenPackOptions& options = {});
+
+/// Options of `token_shards`.
+struct TokenShardOptions {
+  std::int64_t block_size = 128;
+  std::string name = "tokens";
+  bool verify = true;  ///< check every shard's CRC-32 (one read of each file)
+};
+
+/// The language-model windows of `lm_windows` over the token stream of a `pack_tokens` directory,
+/// with its tokenizer. The stream is read into memory (8 bytes a token). A missing manifest, a
+/// shard of the wrong size or checksum, a token beyond the vocabulary or a tokenizer file that is
+/// not the manifest's is an error naming the file.
+Expected<Dataset> token_shards(const std::filesystem::path& dir, const TokenShardOptions& options = {});
+
 /// Options of a text-classification dataset.
 struct ClassificationOptions {
   std::int64_t length = 256;  ///< tokens per sample: longer records keep their first `length` tokens

@@ -326,11 +326,15 @@ int main(int argc, char** argv, const Registry& registry) {
 
   PackArgs pack_args;
   auto* pack_cmd = app.add_subcommand("pack", "A dataset of a curriculum as packed shards on disk, for training "
-                                              "by reading records from files as batches are made (kind = \"shards\"; docs/data.md)");
+                                              "by reading records from files as batches are made (kind = \"shards\"; docs/data.md); a language "
+                                              "model's data as token shards (kind = \"token_shards\")");
   pack_cmd->add_option("config", pack_args.config, "Curriculum file that defines the dataset")->required()->check(CLI::ExistingFile);
   pack_cmd->add_option("data", pack_args.data, "Dataset name from its [datasets]")->required();
   pack_cmd->add_option("-o,--output", pack_args.out, "Directory to create (must not exist)")->required();
   pack_cmd->add_option("--records-per-shard", pack_args.records_per_shard, "Samples per shard file (default 65536)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  pack_cmd->add_option("--tokens-per-shard", pack_args.tokens_per_shard,
+                       "A language model's data: tokens per shard file (default 16777216)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   pack_cmd->add_flag("--float", pack_args.as_float, "Store image inputs as float32, not as 8-bit pixels");
   pack_cmd->add_option("--set", pack_args.sets, "Override a value of the curriculum: path=value");

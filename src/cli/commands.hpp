@@ -63,6 +63,7 @@ struct PackArgs {
   std::string config, data, out;
   std::vector<std::string> sets;
   std::int64_t records_per_shard = 65536;
+  std::int64_t tokens_per_shard = std::int64_t{1} << 24;  ///< a language model's token stream
   bool as_float = false;  ///< float32 inputs even for images
 };
 /// `baton pack`: a dataset of a curriculum written as packed shards (data::pack, docs/data.md).

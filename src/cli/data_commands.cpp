@@ -15,6 +15,15 @@ int pack(const PackArgs& a, const Registry& registry) {
   if (!cur) return report(cur.error());
   auto ds = cur->dataset(a.data);
   if (!ds) return report(ds.error());
+  // A language model's windows: their token stream, once (text::pack_tokens).
+  if (auto card = cur->model_card(a.data); card && card->input == InputKind::tokens && card->classes.empty()) {
+    auto sum = text::pack_tokens(*ds, a.out, {.tokens_per_shard = a.tokens_per_shard});
+    if (!sum) return report(sum.error());
+    fmt::print("{}: {} tokens of \"{}\" ({}) in {} shard(s), {:.1f} MB; train on it with [datasets.<name>] kind = "
+               "\"token_shards\", dir = \"{}\"\n",
+               a.out, sum->tokens, ds->name, card->tokenizer, sum->shards, static_cast<double>(sum->bytes) / 1e6, a.out);
+    return exit_ok;
+  }
   data::PackOptions o;
   o.records_per_shard = a.records_per_shard;
   // Images keep their 8-bit pixels (4x smaller) and the dataset's scaling, read back exactly.

@@ -1,6 +1,7 @@
 // [datasets.<name>] of a curriculum: the checks made when the file is parsed, and loading (once per
 // document) with the selection every kind takes: `offset` and `limit` pick a range of the loaded
 // samples, then `holdout = { fraction, seed, part }` one part of a held-out split of that range.
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -8,6 +9,7 @@
 #include "baton/data.hpp"
 #include "baton/text.hpp"
 #include "detail.hpp"
+#include "io.hpp"
 #include "suggest.hpp"
 #include "internal.hpp"
 
@@ -29,7 +31,7 @@ struct Selection {
 /// The keys of the built-in dataset kinds that name input files.
 const std::map<std::string, std::vector<std::string>> kPathKeys = {
     {"fashion-mnist", {"dir"}}, {"idx", {"images", "labels"}}, {"csv", {"path"}}, {"shards", {"dir"}}, {"image_folder", {"root", "list"}},
-    {"fortunes_lm", {"dir", "tokenizer"}}, {"fortunes_text", {"dir", "tokenizer"}}};
+    {"fortunes_lm", {"dir", "tokenizer"}}, {"fortunes_text", {"dir", "tokenizer"}}, {"token_shards", {"dir"}}};
 
 /// Reads a dataset table's selection keys; problems (placed at their nodes) go to `p`.
 Selection read_selection(const toml::table& t, const std::string& path, Problems& p) {
@@ -231,6 +233,15 @@ void tokenizer_identities(toml::table& resolved, const std::filesystem::path& ba
   if (!datasets) return;
   for (auto&& [name, node] : *datasets) {
     auto* t = node.as_table();
+    // Token shards: their manifest (each shard's checksum, the tokenizer) stands for their content.
+    if (auto* dir = t && (*t)["kind"].value<std::string>() == "token_shards" ? t->get_as<std::string>("dir") : nullptr) {
+      std::filesystem::path manifest = std::filesystem::path(dir->get()) / "tokens.json";
+      if (manifest.is_relative() && !base_dir.empty()) manifest = base_dir / manifest;
+      std::ifstream in(manifest, std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (in.good() || in.eof()) *dir = "token shards " + sha256_hex(text);
+      continue;
+    }
     auto* file = t ? t->get_as<std::string>("tokenizer") : nullptr;
     if (!file || file->get().empty() || file->get() == "bytes") continue;
     std::filesystem::path path = file->get();

@@ -177,6 +177,26 @@ Expected<void> describe_fortunes_text(const Params& p, ModelCard& card) {
   return {};
 }
 
+Expected<Dataset> load_token_shards(const Params& p) {
+  detail::ParamReader rd(p, "dataset");
+  text::TokenShardOptions o;
+  const auto dir = rd.required_text("dir", "the token shards' directory (baton pack of a language-model dataset)");
+  o.block_size = rd.whole("block_size", o.block_size, 1, std::int64_t{1} << 20);
+  o.verify = rd.flag("verify", true);
+  if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
+  return text::token_shards(dir, o);
+}
+
+/// A token-shard directory's card: its tokenizer (the manifest's, held beside it).
+Expected<void> describe_token_shards(const Params& p, ModelCard& card) {
+  const auto it = p.find("dir");
+  const auto* dir = it == p.end() ? nullptr : std::get_if<std::string>(&it->second);
+  Params with = p;
+  if (dir && std::filesystem::exists(std::filesystem::path(*dir) / "tokenizer.model"))
+    with["tokenizer"] = (std::filesystem::path(*dir) / "tokenizer.model").string();
+  return describe_tokens(with, card);
+}
+
 Expected<Dataset> load_fashion_mnist(const Params& p) {
   detail::ParamReader rd(p, "dataset");
   const bool normalize = rd.flag("normalize", true);
@@ -268,6 +288,9 @@ Registry Registry::builtin() {
                                              "fortunes_text: languages, topics, part, val, test, length, label = \"topic\" | "
                                              "\"language\", min_records (a class needs that many training records), tokenizer",
                                              describe_fortunes_text};
+  r.datasets["token_shards"] = DatasetEntry{{"dir", "block_size", "verify"}, load_token_shards,
+                                            "token_shards: dir (baton pack of a language-model dataset), block_size, verify",
+                                            describe_token_shards};
   r.datasets["fashion-mnist"] = DatasetEntry{{"split", "dir", "normalize"}, load_fashion_mnist,
                                              "fashion-mnist: split = \"train\" | \"test\", dir"};
   r.datasets["idx"] = DatasetEntry{{"images", "labels", "normalize", "mean", "std"}, load_idx,
