@@ -62,6 +62,33 @@ std::optional<lm_internal::Stream> lm_internal::stream_of(const Dataset& d) {
   return Stream{lm->stream(), lm->tokenizer()};
 }
 
+std::optional<Tokenizer> tokenizer_of(const Dataset& d) {
+  if (auto s = lm_internal::stream_of(d)) return s->tokenizer;
+  // A part of one (slice, hold_out): its origin says which, and where its tokenizer is.
+  if (d.origin.kind != "fortunes_lm" && d.origin.kind != "token_shards") return std::nullopt;
+  const auto it = d.origin.keys.find("tokenizer");
+  const auto* file = it == d.origin.keys.end() ? nullptr : std::get_if<std::string>(&it->second);
+  auto t = load_tokenizer(file ? *file : std::string());
+  return t ? std::optional<Tokenizer>(*t) : std::nullopt;
+}
+
+Expected<Metric> bits_per_byte(const std::vector<std::pair<std::string, Dataset>>& sets) {
+  std::optional<Tokenizer> tokenizer;
+  std::string first;
+  for (const auto& [name, ds] : sets) {
+    auto t = tokenizer_of(ds);
+    if (!t)
+      return fail(ErrorCode::invalid_argument, fmt::format("bits_per_byte: \"{}\" is not language-model data (fortunes_lm, "
+                                                           "token_shards, text::lm_windows)", name));
+    if (tokenizer && t->identity() != tokenizer->identity())
+      return fail(ErrorCode::invalid_argument, fmt::format("bits_per_byte: \"{}\" and \"{}\" have different tokenizers ({} and "
+                                                           "{}); evaluate them in different stages",
+                                                           first, name, tokenizer->identity(), t->identity()));
+    if (!tokenizer) tokenizer = t, first = name;
+  }
+  return metric::bits_per_byte((tokenizer ? *tokenizer : Tokenizer{}).byte_lengths());
+}
+
 Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions& o) {
   if (o.block_size < 1) return fail(ErrorCode::invalid_argument, fmt::format("lm: block_size must be at least 1, got {}", o.block_size));
   std::vector<std::int64_t> tokens;

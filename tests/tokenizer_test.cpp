@@ -146,6 +146,7 @@ kind = "fortunes_lm"
 topics = ["science"]
 part = "val"
 block_size = 24
+limit = 40
 tokenizer = "{}"
 [[stages]]
 name = "pretrain"
@@ -184,6 +185,14 @@ eval = {{ sets = ["science_val"], metrics = ["bits_per_byte", "bits_per_token"] 
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, Catch::Contains("science_val/bits_per_byte"));
+  // baton eval takes it by name too, from the data's tokenizer (a part of it here: limit = 40).
+  auto e = baton_cli(fmt::format("eval --state {} --data science_val --metric bits_per_byte,bits_per_token",
+                                 (dir.path / "run/final.baton").string()));
+  INFO(e.out);
+  CHECK(e.rc == 0);
+  CHECK_THAT(e.out, Catch::Contains("\"bits_per_byte\""));
+  CHECK(baton::text::bits_per_byte({{"topics", ok(baton::text::classification(mixed_records(20), {.length = 8}))}})
+            .error().message.find("not language-model data") != std::string::npos);
   const auto artifact = (dir.path / "lm.pt").string();
   r = baton_cli(fmt::format("export {} -o {} --inference", (dir.path / "run/final.baton").string(), artifact));
   INFO(r.out);

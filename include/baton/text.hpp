@@ -14,11 +14,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "baton/data.hpp"
 #include "baton/error.hpp"
+#include "baton/metrics.hpp"
 
 namespace baton::text {
 
@@ -171,6 +173,14 @@ struct LmOptions {
 /// do not overlap, each epoch cut elsewhere, and any split or resume sees the same windows.
 /// Inputs and targets are int64 [T]. Error: fewer than T + 1 tokens.
 Expected<Dataset> lm_windows(const std::vector<Record>& records, const LmOptions& options = {});
+
+/// The tokenizer of a language-model dataset (`lm_windows`, `fortunes_lm`, `token_shards`, and
+/// slices of them); nullopt for any other dataset.
+std::optional<Tokenizer> tokenizer_of(const Dataset& dataset);
+
+/// `metric::bits_per_byte` for evaluation sets of language-model data: their tokenizer's byte
+/// lengths. Errors: a set that is not language-model data, sets with different tokenizers.
+Expected<Metric> bits_per_byte(const std::vector<std::pair<std::string, Dataset>>& sets);
 
 /// Options of `pack_tokens`.
 struct TokenPackOptions {

@@ -10,6 +10,7 @@
 #include "baton/eval.hpp"
 #include "baton/inference.hpp"
 #include "baton/interop.hpp"
+#include "baton/text.hpp"
 #include "commands.hpp"
 #include "io.hpp"
 
@@ -111,23 +112,37 @@ int evaluate(const std::string& state_path, const std::string& data, std::string
     return report(ds.error().with_context(fmt::format(
         "--data {} (of a C++ run: the datasets its tools.toml names, those a baton loader made)", data)));
   std::vector<Metric> metrics;
+  const auto info = read_checkpoint_info(state_path);
+  const std::string written_in = info ? info->stage : std::string();
+  auto specs = cur->specs();
   if (metric_names.empty()) {
     // The curriculum's: those of the stage the state was written in, else of the last stage that
     // evaluates (what the run itself reported).
-    auto specs = cur->specs();
     if (!specs) return report(specs.error());
-    const auto info = read_checkpoint_info(state_path);
     const TrainingSpec* pick = nullptr;
     for (const auto& s : *specs)
-      if (s.evaluation && (!pick || pick->name != (info ? info->stage : std::string()))) pick = &s;
+      if (s.evaluation && (!pick || pick->name != written_in)) pick = &s;
     if (pick) metrics = pick->evaluation->spec.metrics;
+  }
+  // The loss of the stage the state was written in (else the last one's): a language model's
+  // token_cross_entropy, not the default cross-entropy of classes.
+  Loss loss = EvalSpec{}.loss;
+  if (specs && !specs->empty()) {
+    const TrainingSpec* stage = &specs->back();
+    for (const auto& s : *specs)
+      if (s.name == written_in) stage = &s;
+    loss = stage->evaluation ? stage->evaluation->spec.loss : stage->loss;
   }
   for (const auto& name : metric_names) {
     if (auto it = registry.metrics.find(name); it != registry.metrics.end()) metrics.push_back(it->second);
-    else if (auto m = metric::builtin(name)) metrics.push_back(std::move(*m));
+    else if (name == "bits_per_byte") {
+      auto m = text::bits_per_byte({{data, *ds}});
+      if (!m) return report(m.error().with_context("--metric"));
+      metrics.push_back(std::move(*m));
+    } else if (auto m = metric::builtin(name)) metrics.push_back(std::move(*m));
     else return report(m.error().with_context("--metric"));
   }
-  auto m = baton::eval({.sets = {{data, *ds}}, .metrics = metrics}, *state);
+  auto m = baton::eval({.sets = {{data, *ds}}, .loss = loss, .metrics = metrics}, *state);
   if (!m) return report(m.error());
   json j = {{"state", state_path}, {"data", data}};
   for (const auto& [k, v] : m->at(data)) j["metrics"][k] = v;

@@ -15,25 +15,6 @@ using Impl = SpecBuilder::Impl;
 
 const std::vector<std::string> kEvalKeys = {"sets", "interval", "batch_size", "metrics", "limit", "weights"};
 
-/// bits_per_byte of the eval sets' tokenizer (a text kind's `tokenizer` key; none: bytes). Sets
-/// with different tokenizers are a problem: their bytes would be counted by different tables.
-Expected<Metric> bits_per_byte(const EvalSpec& spec) {
-  std::string file, first;
-  for (const auto& [name, ds] : spec.sets) {
-    const auto it = ds.origin.keys.find("tokenizer");
-    const auto* named = it == ds.origin.keys.end() ? nullptr : std::get_if<std::string>(&it->second);
-    const std::string here = named ? *named : "";
-    if (first.empty()) first = name, file = here;
-    else if (here != file)
-      return fail(ErrorCode::invalid_spec, fmt::format("bits_per_byte: eval sets \"{}\" and \"{}\" have different tokenizers ({} "
-                                                       "and {}); evaluate them in different stages",
-                                                       first, name, file.empty() ? "bytes" : file, here.empty() ? "bytes" : here));
-  }
-  auto tokenizer = text::load_tokenizer(file);
-  if (!tokenizer) return tl::unexpected(tokenizer.error());
-  return metric::bits_per_byte(tokenizer->byte_lengths());
-}
-
 /// metrics = ["accuracy", "f1", ...]: the registry's own first, then the built-in ones.
 void read_metrics(const Impl& b, Reader& r, const toml::node* n, EvalSpec& spec) {
   const auto names = r.strings(n, "metrics");
@@ -48,7 +29,7 @@ void read_metrics(const Impl& b, Reader& r, const toml::node* n, EvalSpec& spec)
     if (auto it = b.doc->registry.metrics.find(name); it != b.doc->registry.metrics.end()) {
       spec.metrics.push_back(it->second);
     } else if (name == "bits_per_byte") {
-      auto m = bits_per_byte(spec);
+      auto m = text::bits_per_byte(spec.sets);
       if (!m) r.p.add(at, fmt::format("{}metrics: {}", r.path, m.error().message));
       else spec.metrics.push_back(std::move(*m));
     } else if (auto m = metric::builtin(name)) {
