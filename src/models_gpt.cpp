@@ -22,7 +22,9 @@ struct AttentionImpl : nn::Module {
     auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     // Causal: position t attends to positions <= t only (what makes padding after a text inert).
     const auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+    // Softmax in float32 under bf16/fp16 autocast too (LibTorch's CPU autocast leaves it in the low
+    // precision); the matmul with v casts back. In fp32 the same kernel as before.
+    att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1, torch::kFloat);
     if (p > 0) att = nn::functional::dropout(att, nn::functional::DropoutFuncOptions().p(p).training(is_training()));
     const auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
     return c_proj(y);
