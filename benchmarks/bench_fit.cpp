@@ -40,6 +40,7 @@
 //
 // Usage: bench_fit [--smoke] [--case NAME] [--reps N] [--batches N] [--device cpu|cuda]
 //   --threads N intra-op threads (configure_runtime's; default: the cores this process may use)
+//   --blas-threads N  OpenBLAS threads (configure_runtime's; default: as many as --threads)
 //   --device    where both sides train (the data stays on the CPU and batches are copied over,
 //               as in baton); CUDA needs a CUDA LibTorch
 //   --smoke     every case with very few batches (< 30 s in all; used as a ctest)
@@ -131,6 +132,7 @@ struct Options {
   std::optional<std::int64_t> batches;  // default: per case
   std::string device = "cpu";          // --device cpu|cuda
   int threads = 0;                     // --threads: configure_runtime's (0: the cores)
+  int blas_threads = 0;                // --blas-threads: configure_runtime's (0: as many as threads)
 };
 
 void usage(std::FILE* f) {
@@ -179,6 +181,10 @@ std::optional<Options> parse_args(int argc, char** argv) {
       const auto n = positive(a);
       if (!n) return std::nullopt;
       o.threads = static_cast<int>(*n);
+    } else if (a == "--blas-threads") {
+      const auto n = positive(a);
+      if (!n) return std::nullopt;
+      o.blas_threads = static_cast<int>(*n);
     } else if (a == "--device") {
       const auto v = value();
       if (!v || (*v != "cpu" && *v != "cuda")) {
@@ -725,12 +731,12 @@ int main(int argc, char** argv) {
   }
 
   // The same process settings for both sides of every in-process ratio.
-  auto rt = baton::configure_runtime({.threads = opts->threads});
+  auto rt = baton::configure_runtime({.threads = opts->threads, .blas_threads = opts->blas_threads});
   if (!rt) {
     fmt::print("# configure_runtime failed: {}; continuing without requiring OpenBLAS (figures are not "
                "representative)\n",
                rt.error().to_string());
-    rt = baton::configure_runtime({.threads = opts->threads, .require_openblas = false});
+    rt = baton::configure_runtime({.threads = opts->threads, .blas_threads = opts->blas_threads, .require_openblas = false});
     if (!rt) die("configure_runtime", rt.error());
   }
   fmt::print("{}\n", rt->to_string());

@@ -8,7 +8,7 @@
 // index (Dataset::gather, as baton's loader does), forward, token cross-entropy, zero_grad,
 // backward, step; no loss.item(). benchmarks/bench_gpt.py is the same loop in Python PyTorch.
 //
-//   build/bench_gpt [--smoke] [--reps N] [--batches N] [--threads N] [--device cuda]
+//   build/bench_gpt [--smoke] [--reps N] [--batches N] [--threads N] [--blas-threads N] [--device cuda]
 #include <chrono>
 #include <cstdio>
 #include <string_view>
@@ -128,7 +128,7 @@ void run(const std::string& name, const baton::Dataset& data, baton::Precision p
 int main(int argc, char** argv) {
   baton::relaunch_with_thread_policy(argv);
   bool smoke = false;
-  int reps = 5, threads = 0;
+  int reps = 5, threads = 0, blas_threads = 0;
   std::int64_t batches = 30;
   std::string device_name = "cpu";
   for (int i = 1; i < argc; ++i) {
@@ -138,15 +138,16 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(next());
     else if (a == "--batches") batches = std::stoll(next());
     else if (a == "--threads") threads = std::stoi(next());
+    else if (a == "--blas-threads") blas_threads = std::stoi(next());
     else if (a == "--device") device_name = next();
     else {
-      fmt::print(stderr, "usage: bench_gpt [--smoke] [--reps N] [--batches N] [--threads N] [--device cpu|cuda]\n");
+      fmt::print(stderr, "usage: bench_gpt [--smoke] [--reps N] [--batches N] [--threads N] [--blas-threads N] [--device cpu|cuda]\n");
       return 2;
     }
   }
   if (smoke) reps = 1, batches = 2;
   const c10::Device device(device_name);
-  auto rt = baton::configure_runtime({.threads = threads});
+  auto rt = baton::configure_runtime({.threads = threads, .blas_threads = blas_threads});
   if (!rt) die("configure_runtime", rt.error());
   fmt::print("{}\n", rt->to_string());
   auto corpus = baton::text::fortunes({});

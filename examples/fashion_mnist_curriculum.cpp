@@ -49,6 +49,7 @@ baton::Expected<Args> parse_args(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  baton::relaunch_with_thread_policy(argv);  // OpenMP's and OpenBLAS's idle threads sleep (runtime.hpp)
   using namespace baton::literals;
   const auto args = parse_args(argc, argv);
   if (!args) { std::cerr << args.error() << '\n'; return 2; }

@@ -58,6 +58,7 @@ baton::Expected<baton::RunResult> toml_curriculum(const std::filesystem::path& d
 }  // namespace
 
 int main(int argc, char** argv) {
+  baton::relaunch_with_thread_policy(argv);  // OpenMP's and OpenBLAS's idle threads sleep (runtime.hpp)
   if (argc < 2) {
     fmt::print(stderr, "usage: run_directory RUN_DIR [FILE.toml]\n");
     return 2;

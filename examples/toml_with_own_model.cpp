@@ -25,6 +25,7 @@ TORCH_MODULE(Net);
 }  // namespace
 
 int main(int argc, char** argv) {
+  baton::relaunch_with_thread_policy(argv);  // OpenMP's and OpenBLAS's idle threads sleep (runtime.hpp)
   if (argc < 2) {
     std::cerr << "usage: toml_with_own_model FILE.toml [--set path=value]... [--quick]\n";
     return 2;

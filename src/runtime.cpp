@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
@@ -85,6 +87,7 @@ RuntimeReport inspect_runtime() {
   RuntimeReport r;
   r.cpu = cpu_info();
   r.wait_policy = thread_wait_policy();
+  r.blas_wait = blas_wait_policy();
   r.threads = at::get_num_threads();
   std::string loaded_as;
   if (void* sym = dlsym(RTLD_DEFAULT, "sgemm_")) {
@@ -129,7 +132,7 @@ Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options) {
   at::set_num_threads(threads);
   using set_threads_fn = void (*)(int);
   if (auto* set_blas = reinterpret_cast<set_threads_fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    set_blas(std::max(1, options.blas_threads));
+    set_blas(options.blas_threads > 0 ? options.blas_threads : threads);
   bool tuned = false;
   if (options.tune_malloc) {
     // Serve activations (up to 32 MiB, glibc's ceiling) from the heap and never trim it, so
@@ -149,11 +152,22 @@ std::string thread_wait_policy() {
   return "OpenMP default (spins before sleeping)";
 }
 
+std::string blas_wait_policy() {
+  for (const char* name : {"OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT"})
+    if (const char* v = std::getenv(name)) return fmt::format("{}={}", name, v);
+  return "idle threads spin 2^28 cycles";
+}
+
 void relaunch_with_thread_policy(char** argv) {
-  if (argv == nullptr || argv[0] == nullptr || std::getenv("GOMP_SPINCOUNT") || std::getenv("OMP_WAIT_POLICY")) return;
-  if (::setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+  if (argv == nullptr || argv[0] == nullptr) return;
+  std::vector<const char*> added;
+  if (!std::getenv("GOMP_SPINCOUNT") && !std::getenv("OMP_WAIT_POLICY")) added.push_back("GOMP_SPINCOUNT");
+  if (!std::getenv("OPENBLAS_THREAD_TIMEOUT") && !std::getenv("GOTO_THREAD_TIMEOUT")) added.push_back("OPENBLAS_THREAD_TIMEOUT");
+  if (added.empty()) return;
+  for (const char* name : added)
+    if (::setenv(name, std::string_view(name) == "GOMP_SPINCOUNT" ? "1000" : "10", 1) != 0) return;
   ::execv("/proc/self/exe", argv);
-  ::unsetenv("GOMP_SPINCOUNT");  // the exec failed: go on as before, saying so in the report
+  for (const char* name : added) ::unsetenv(name);  // the exec failed: go on as before, saying so in the report
 }
 
 std::optional<std::string> runtime_note() {
@@ -183,7 +197,9 @@ void warn_bf16_once() {
 
 std::string RuntimeReport::to_string() const {
   return fmt::format("runtime: CPU {}; {} intra-op threads ({}), BLAS {} ({}{}), malloc {}", cpu.to_string(), threads, wait_policy,
-                     openblas ? "OpenBLAS" : blas_in_libtorch ? "inside LibTorch" : "NOT OpenBLAS", blas_library, blas_threads > 0 ? ", " + std::to_string(blas_threads) + " threads" : std::string(),
+                     openblas ? "OpenBLAS" : blas_in_libtorch ? "inside LibTorch" : "NOT OpenBLAS", blas_library,
+                     blas_threads > 0 ? fmt::format(", {} threads{}", blas_threads, openblas && blas_threads > 1 ? ", " + blas_wait : "")
+                                      : std::string(),
                      malloc_tuned ? "tuned (mmap threshold 32 MiB, no trim)" : "glibc defaults");
 }
 

@@ -85,6 +85,27 @@ TEST_CASE("bf16 on a CPU that emulates it: validate and the first fit warn with 
   fs::remove_all(dir);
 }
 
+TEST_CASE("baton relaunches itself with OpenMP's and OpenBLAS's idle threads set to sleep, keeping what the user set",
+          "[cli][runtime]") {
+  const auto dir = cli_dir("waits");
+  std::ofstream(dir / "c.toml") << kSynthetic << "[[stages]]\nname = \"s\"\nduration = \"1ba\"\ndata = \"train\"\n";
+  const auto run = [&](const std::string& env, const std::string& name) {
+    return test::shell(fmt::format("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u OPENBLAS_THREAD_TIMEOUT -u GOTO_THREAD_TIMEOUT {} "
+                                   "{} run {} --run-dir {} --set run.threads=2",
+                                   env, BATON_EXE, (dir / "c.toml").string(), (dir / name).string()));
+  };
+  const auto plain = run("", "a");
+  INFO(plain.out);
+  CHECK(plain.rc == 0);
+  CHECK_THAT(plain.out, Catch::Contains("2 intra-op threads (GOMP_SPINCOUNT=1000)") &&
+                            Catch::Contains("2 threads, OPENBLAS_THREAD_TIMEOUT=10)"));
+  const auto own = run("OPENBLAS_THREAD_TIMEOUT=6", "b");
+  INFO(own.out);
+  CHECK(own.rc == 0);
+  CHECK_THAT(own.out, Catch::Contains("(GOMP_SPINCOUNT=1000)") && Catch::Contains("2 threads, OPENBLAS_THREAD_TIMEOUT=6)"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("every malformed curriculum in tests/data/bad fails validation with its message and exit code", "[cli][bad]") {
   int checked = 0;
   for (const auto& entry : fs::directory_iterator(fs::path(BATON_SOURCE_DIR) / "tests/data/bad")) {

@@ -24,7 +24,11 @@ namespace baton {
 
 struct RuntimeOptions {
   int threads = 0;               ///< intra-op threads; 0 = the cores this process may run on
-  int blas_threads = 1;          ///< OpenBLAS threads; 1 avoids oversubscription with OpenMP
+  /// OpenBLAS threads; 0 = as many as intra-op threads. One matrix product runs in BLAS alone,
+  /// so with 1 a GPT or an MLP multiplies on one core (measured 1.5x and 1.6x slower on 2 cores:
+  /// benchmarks/README.md). BLAS threads that spin when idle fight OpenMP's in a CNN step;
+  /// relaunch_with_thread_policy makes them sleep at once (OPENBLAS_THREAD_TIMEOUT).
+  int blas_threads = 0;
   bool tune_malloc = true;       ///< keep freed large buffers (mallopt) instead of unmapping
   bool require_openblas = true;  ///< error if BLAS is the reference one (~16x slower): not OpenBLAS, not LibTorch's own
 };
@@ -55,6 +59,7 @@ struct RuntimeReport {
   bool blas_in_libtorch = false;  ///< LibTorch carries its own BLAS (PyTorch's wheels): not the slow reference one
   bool malloc_tuned = false;
   std::string wait_policy{}; ///< how OpenMP's idle threads wait (thread_wait_policy())
+  std::string blas_wait{};   ///< how OpenBLAS's idle threads wait (blas_wait_policy())
   CpuInfo cpu{};             ///< the CPU, its vector ISA and whether bf16 is native
   [[nodiscard]] std::string to_string() const;  ///< one line for a log
 };
@@ -89,11 +94,18 @@ Expected<RuntimeReport> configure_runtime(const RuntimeOptions& options = {});
 /// default (spins before sleeping)".
 std::string thread_wait_policy();
 
-/// Called first in `main`, before any thread starts: when the environment sets neither
-/// GOMP_SPINCOUNT nor OMP_WAIT_POLICY, re-executes this program (/proc/self/exe, the same
-/// arguments and process id) with GOMP_SPINCOUNT=1000 added; otherwise, or if that fails,
-/// returns and nothing changes. The `baton` command and baton's benchmarks call it; a user's
-/// own program may call it, or set the variable in its environment.
+/// How OpenBLAS's idle threads wait: "OPENBLAS_THREAD_TIMEOUT=10" (what the environment sets)
+/// or "idle threads spin 2^28 cycles" (OpenBLAS's default).
+std::string blas_wait_policy();
+
+/// Called first in `main`, before any thread starts: re-executes this program (/proc/self/exe,
+/// the same arguments and process id) with GOMP_SPINCOUNT=1000 added where the environment sets
+/// neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY, and OPENBLAS_THREAD_TIMEOUT=10 (idle OpenBLAS
+/// threads sleep after 2^10 cycles, not 2^28) where it sets neither that nor
+/// GOTO_THREAD_TIMEOUT. OpenBLAS, too, reads its setting only when it is loaded. When the
+/// environment has both already, or the exec fails, returns and nothing changes. The `baton`
+/// command and baton's benchmarks call it; a user's own program may call it, or set the
+/// variables in its environment.
 void relaunch_with_thread_policy(char** argv);
 
 /// The note the first `fit` of a process prints on stderr when configure_runtime() was never
