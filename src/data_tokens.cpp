@@ -64,7 +64,8 @@ Expected<TokenPackSummary> write_tokens(const torch::Tensor& tokens, const Token
   }
   const json manifest = {{"format", "baton-tokens"},      {"version", kTokensVersion},        {"tokenizer", tokenizer.identity()},
                          {"vocab_size", tokenizer.vocab_size()}, {"end_of_text", tokenizer.end_of_text()}, {"tokens", sum.tokens},
-                         {"dtype", "uint16-le"},            {"shards", list}};
+                         {"dtype", "uint16-le"},            {"shards", list},
+                         {"byte_lengths", tokenizer.byte_lengths()}};  // for bits per byte without the tokenizer
   const auto text = manifest.dump(2) + "\n";
   if (auto ok = baton::detail::write_file_atomic(tmp / "tokens.json", text, "manifest"); !ok) return tl::unexpected(ok.error());
   sum.bytes += static_cast<std::int64_t>(text.size());

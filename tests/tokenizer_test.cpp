@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "baton/baton.hpp"
 #include "baton/interop.hpp"
@@ -75,6 +76,25 @@ TEST_CASE("tokenizer: SentencePiece keeps text exactly, counts its bytes, and tr
   CHECK_THAT(baton::text::train_tokenizer(records, {.type = "wordpiece"}).error().message, Catch::Contains("not one of bpe, unigram"));
   CHECK_THAT(baton::text::train_tokenizer({}, {}).error().message, Catch::Contains("no records"));
   CHECK_THAT(baton::text::Tokenizer().save(dir.path / "b.model").error().message, Catch::Contains("bytes tokenizer has no file"));
+}
+
+TEST_CASE("the shipped examples/fortunes-4096.model is what baton tokenize writes with the example's command",
+          "[text][tokenizer][examples]") {
+  // examples/fortunes_gpt.toml names the file; its header gives the command. The same command
+  // must write the same bytes (training is deterministic), or the file is not what it says.
+  test::TempDir dir;
+  const auto out = dir.path / "t.model";
+  const auto made = baton_cli(fmt::format("tokenize -o {} --languages en,de,es,it,ru,pl --vocab-size 4096", out.string()));
+  INFO(made.out);
+  REQUIRE(made.rc == 0);
+  const auto read = [](const fs::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto shipped = read(fs::path(BATON_SOURCE_DIR) / "examples/fortunes-4096.model");
+  CHECK(shipped.size() > 10000);
+  CHECK(read(out) == shipped);
+  CHECK_THAT(made.out, Catch::Contains(ok(baton::text::load_tokenizer(fs::path(BATON_SOURCE_DIR) / "examples/fortunes-4096.model")).identity()));
 }
 
 TEST_CASE("tokenizer: text datasets take it, and bits per byte compares it with bytes", "[text][tokenizer][metrics]") {
@@ -237,6 +257,13 @@ TEST_CASE("token shards: a language model's stream packed once, read back as the
   const auto idx = torch::arange(0, lm.size(), 7, torch::kLong);
   CHECK(ok(back.gather(idx, epoch3)).inputs.equal(ok(lm.gather(idx, epoch3)).inputs));
   CHECK(sum.tokens == (back.size() * 32) + (sum.tokens - 1) % 32 + 1);
+  {
+    // The manifest carries each id's byte length, so that readers without SentencePiece (Python)
+    // compute bits per byte.
+    std::ifstream in(dir.path / "shards/tokens.json");
+    const auto manifest = nlohmann::json::parse(in);
+    CHECK(manifest.at("byte_lengths").get<std::vector<double>>() == ok(baton::text::load_tokenizer(tok)).byte_lengths());
+  }
 
   // Bad inputs, each named.
   CHECK_THAT(baton::text::pack_tokens(lm, dir.path / "shards").error().message, Catch::Contains("exists"));
