@@ -10,6 +10,7 @@
 // --quick: English science and computers fortunes only, a 1-layer GPT and a few batches per
 // stage (the test suite runs it). Ends with the tree's table.
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -34,6 +35,7 @@ T or_exit(baton::Expected<T> r, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  baton::relaunch_with_thread_policy(argv);  // OpenMP's and OpenBLAS's idle threads sleep (runtime.hpp)
   using namespace baton::literals;
   bool quick = false;
   int threads = 0;
@@ -59,12 +61,20 @@ int main(int argc, char** argv) {
   const std::int64_t T = quick ? 32 : 128;
   const text::FortunesOptions all{.languages = languages, .topics = topics}, english{.topics = topics},
       science{.topics = {"science"}};
+  // The tokenizer: a SentencePiece BPE trained on the training part of the pretraining corpus
+  // (deterministic: the same file as `baton tokenize` with these options), saved beside the run;
+  // every dataset reads through it, and the run's fingerprint holds its identity.
+  const auto tokenizer = or_exit(text::fortunes_tokenizer({.corpus = all, .tokenizer = {.vocab_size = quick ? 512 : 4096}}),
+                                 "fortunes_tokenizer");
+  const auto tokenizer_file = std::filesystem::path(dir) / "tokenizer.model";
+  std::filesystem::create_directories(dir);
+  or_exit(tokenizer.save(tokenizer_file).map([] { return 0; }), "save the tokenizer");
   auto lm = [&](const text::FortunesOptions& c, text::Part part, const char* name) {
-    return or_exit(text::fortunes_lm({.corpus = c, .part = part, .block_size = T, .name = name}), name);
+    return or_exit(text::fortunes_lm({.corpus = c, .part = part, .block_size = T, .name = name, .tokenizer = tokenizer_file}), name);
   };
   auto labelled = [&](const text::FortunesOptions& c, text::Part part, const char* label, const char* name) {
     return or_exit(text::fortunes_text({.corpus = c, .part = part, .length = T, .label = label,
-                                        .min_records = quick ? 50 : 200, .name = name}), name);
+                                        .min_records = quick ? 50 : 200, .name = name, .tokenizer = tokenizer_file}), name);
   };
   const auto pretrain_data = lm(all, text::Part::train, "pretrain");
   const auto pretrain_val = lm(all, text::Part::val, "pretrain_val");
@@ -75,27 +85,34 @@ int main(int argc, char** argv) {
   const auto science_data = lm(science, text::Part::train, "science");
   const auto science_test = lm(science, text::Part::test, "science_test");
 
-  const baton::models::GptOptions gpt{.block_size = T, .n_layer = quick ? 1 : 4, .n_head = quick ? 2 : 4, .n_embd = quick ? 32 : 128};
+  const baton::models::GptOptions gpt{.vocab = tokenizer.vocab_size(), .block_size = T, .n_layer = quick ? 1 : 4,
+                                      .n_head = quick ? 2 : 4, .n_embd = quick ? 32 : 128, .pad = tokenizer.pad()};
+  // AdamW as GPT-2 trains it: no weight decay on biases, LayerNorm and the embeddings.
+  const auto adamw = [](double lr) {
+    return baton::optim::adamw({.lr = lr, .weight_decay = 0.1})
+        .with_groups({{.patterns = {"*.bias"}, .modules = {"LayerNorm", "Embedding"}, .weight_decay = 0.0}});
+  };
+  const auto bits_per_byte = baton::metric::bits_per_byte(tokenizer.byte_lengths());
   auto steps = [&](std::int64_t full) { return baton::Time::batches(quick ? std::max<std::int64_t>(full / 100, 2) : full); };
 
   baton::TrainingSpec pretrain{
       .name = "pretrain",
       .data = {.train = pretrain_data, .batch_size = 32},
       .loss = baton::loss::token_cross_entropy(),
-      .optimizer = baton::optim::adamw({.lr = 1e-3, .weight_decay = 0.1}),
-      .schedule = baton::schedule::linear_warmup(steps(60), baton::schedule::cosine()),
-      .duration = steps(600),
+      .optimizer = adamw(1e-3),
+      .schedule = baton::schedule::linear_warmup(steps(50), baton::schedule::cosine()),
+      .duration = steps(500),
   };
   pretrain.clip_grad_norm = 1.0;
   pretrain.evaluation = baton::EvalSchedule{.spec = {.sets = {{"pretrain_val", pretrain_val.head(512)}},
                                                      .loss = baton::loss::token_cross_entropy(),
-                                                     .metrics = {baton::metric::bits_per_token(), baton::metric::perplexity()}}};
+                                                     .metrics = {bits_per_byte, baton::metric::perplexity()}}};
   // A fine-tune: its own data, head, loss, learning rate and duration; fresh optimizer moments.
   auto task = [&](std::string name, const baton::Dataset& train, const baton::Dataset& test, std::int64_t classes,
                   double lr, std::int64_t batches) {
     auto s = pretrain.with_name(std::move(name)).with_duration(steps(batches)).with_optimizer_carry(baton::Carry::fresh);
     s.data.train = train;
-    s.optimizer = baton::optim::adamw({.lr = lr, .weight_decay = 0.1});
+    s.optimizer = adamw(lr);
     s.schedule = baton::schedule::constant();
     const bool lm = classes == 0;
     s.loss = lm ? baton::loss::token_cross_entropy() : baton::loss::cross_entropy();
@@ -107,7 +124,7 @@ int main(int argc, char** argv) {
     s.evaluation = baton::EvalSchedule{
         .spec = {.sets = {{s.name + "_test", test}},
                  .loss = s.loss,
-                 .metrics = lm ? std::vector<baton::Metric>{baton::metric::bits_per_token()}
+                 .metrics = lm ? std::vector<baton::Metric>{bits_per_byte}
                                : std::vector<baton::Metric>{baton::metric::accuracy(), baton::metric::f1()}}};
     return s;
   };
@@ -122,7 +139,7 @@ int main(int argc, char** argv) {
   }
   stages.push_back({task("science", science_data, science_test, 0, 3e-4, 150), "pretrain", true});
 
-  const auto initial = or_exit(baton::init_state(baton::models::gpt(gpt), {.seed = 7, .max_duration = steps(900)}), "init_state");
+  const auto initial = or_exit(baton::init_state(baton::models::gpt(gpt), {.seed = 7, .max_duration = steps(800)}), "init_state");
   const auto result = or_exit(baton::run_tree(baton::RunOptions{.dir = dir, .name = "fortunes-gpt"}, stages, initial), "run_tree");
   fmt::print("{}", result.table());
   return 0;
