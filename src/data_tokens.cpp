@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -72,17 +71,14 @@ Expected<TokenPackSummary> write_tokens(const torch::Tensor& tokens, const Token
   return sum;
 }
 
-Expected<std::string> read_bytes(const fs::path& file, const std::string& what) {
-  if (auto ok = baton::detail::check_regular_file(file, what); !ok) return tl::unexpected(ok.error());
-  std::ifstream in(file, std::ios::binary);
-  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return fail(ErrorCode::io, fmt::format("{}: cannot read the {}", file.string(), what));
-  return out;
-}
 }  // namespace
 
 Expected<TokenPackSummary> pack_tokens(const Dataset& lm, const fs::path& dir, const TokenPackOptions& o) {
   const auto stream = lm_internal::stream_of(lm);
+  if (!stream && (lm.origin.kind == "fortunes_lm" || lm.origin.kind == "token_shards"))
+    return fail(ErrorCode::invalid_argument, fmt::format("pack_tokens: \"{}\" is a part of a language-model dataset (`limit`, a "
+                                                         "slice or a hold-out); token shards hold a whole stream: pack the "
+                                                         "dataset without its limit", lm.name));
   if (!stream)
     return fail(ErrorCode::invalid_argument, fmt::format("pack_tokens: \"{}\" is not a language-model dataset (lm_windows, "
                                                          "fortunes_lm, token_shards); data::pack writes any dataset", lm.name));
@@ -112,7 +108,7 @@ Expected<TokenPackSummary> pack_tokens(const Dataset& lm, const fs::path& dir, c
 Expected<Dataset> token_shards(const fs::path& dir, const TokenShardOptions& o) {
   if (o.block_size < 1) return fail(ErrorCode::invalid_argument, fmt::format("token_shards: block_size must be at least 1, got {}", o.block_size));
   const auto mf = dir / "tokens.json";
-  auto text = read_bytes(mf, "token shards' manifest (baton pack of a language-model dataset)");
+  auto text = baton::detail::read_file(mf, "token shards' manifest (baton pack of a language-model dataset)");
   if (!text) return tl::unexpected(text.error());
   return baton::detail::guard([&]() -> Expected<Dataset> {
     json m;
@@ -123,7 +119,7 @@ Expected<Dataset> token_shards(const fs::path& dir, const TokenShardOptions& o) 
       Tokenizer tokenizer;
       const auto identity = m.at("tokenizer").get<std::string>();
       if (identity != tokenizer.identity()) {
-        auto model = read_bytes(dir / "tokenizer.model", "tokenizer");
+        auto model = baton::detail::read_file(dir / "tokenizer.model", "tokenizer");
         if (!model) return tl::unexpected(model.error());
         auto t = Tokenizer::from_model(std::move(*model), (dir / "tokenizer.model").string());
         if (!t) return tl::unexpected(t.error());
@@ -142,7 +138,7 @@ Expected<Dataset> token_shards(const fs::path& dir, const TokenShardOptions& o) 
       for (const auto& s : m.at("shards")) {
         const auto file = dir / s.at("file").get<std::string>();
         const auto count = s.at("tokens").get<std::int64_t>();
-        auto bytes = read_bytes(file, "token shard");
+        auto bytes = baton::detail::read_file(file, "token shard");
         if (!bytes) return tl::unexpected(bytes.error());
         if (static_cast<std::int64_t>(bytes->size()) != 2 * count || at + count > total)
           return fail(ErrorCode::data, fmt::format("{}: {} bytes, but the manifest says {} tokens ({} bytes): truncated or not "

@@ -12,6 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <utility>
 
 #include <fmt/format.h>
@@ -224,6 +227,15 @@ Expected<void> check_regular_file(const std::filesystem::path& path, std::string
                      : S_ISSOCK(st.st_mode) ? "a socket"
                                             : "not a regular file";
   return fail(ErrorCode::io, fmt::format("{}: is {}, not a regular file (the {})", path.string(), kind, what));
+}
+
+Expected<std::string> read_file(const std::filesystem::path& path, std::string_view what) {
+  if (auto ok = check_regular_file(path, what); !ok) return tl::unexpected(ok.error());
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail(ErrorCode::io, fmt::format("{}: cannot open the {} for reading", path.string(), what));
+  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return fail(ErrorCode::io, fmt::format("{}: cannot read the {}", path.string(), what));
+  return out;
 }
 
 }  // namespace baton::detail

@@ -64,6 +64,10 @@ class AtomicFile {
 /// in the message ("curriculum", "data file").
 Expected<void> check_regular_file(const std::filesystem::path& path, std::string_view what);
 
+/// The whole of a regular file (check_regular_file first), or an io error naming the file and
+/// `what` it is ("tokenizer", "fortune file").
+Expected<std::string> read_file(const std::filesystem::path& path, std::string_view what);
+
 /// Names that become one component of a path baton writes (a stage's "best-<stage>.baton", a
 /// sweep node's directory, "runs/<run name>"): what is wrong with `name` as such a component, or
 /// "" when nothing is. Refused: empty, "." and "..", '/' and '\\', control characters (NUL

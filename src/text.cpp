@@ -2,7 +2,6 @@
 #include "baton/text.hpp"
 
 #include <algorithm>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -104,15 +103,6 @@ std::string tidy(const std::string& s) {
   return out;
 }
 
-Expected<std::string> read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail(ErrorCode::io, fmt::format("{}: cannot open for reading", path.string()));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return fail(ErrorCode::io, fmt::format("{}: read failed", path.string()));
-  return ss.str();
-}
-
 /// The topic files of a language directory: regular files, not links, `.dat` or `.u8`, by name.
 std::vector<fs::path> topic_files(const fs::path& dir) {
   std::vector<fs::path> out;
@@ -201,7 +191,7 @@ Expected<Corpus> fortunes(const FortunesOptions& o) {
       files = std::move(chosen);
     }
     for (const auto& f : files) {
-      auto text = read_file(f);
+      auto text = baton::detail::read_file(f, "fortune file");
       if (!text) return tl::unexpected(text.error());
       auto part = parse_records(*text, f.string(), lang, f.filename().string(), o.skip_undecodable);
       if (!part) return tl::unexpected(part.error());

@@ -10,10 +10,8 @@
 #include <cstring>
 #include <new>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -253,7 +251,7 @@ Expected<Tokenizer> train_tokenizer(const std::vector<Record>& records, const To
 
 Expected<Tokenizer> load_tokenizer(const std::filesystem::path& file) {
   if (file.empty() || file == "bytes") return Tokenizer{};
-  if (auto ok = detail::check_regular_file(file, "tokenizer"); !ok) return tl::unexpected(ok.error());
+  if (auto ok = detail::check_regular_file(file, "tokenizer"); !ok) return tl::unexpected(ok.error());  // before the cache's key
   static std::mutex mutex;
   static std::map<std::string, Tokenizer> cache;
   std::error_code ec;
@@ -263,11 +261,9 @@ Expected<Tokenizer> load_tokenizer(const std::filesystem::path& file) {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
   }
-  std::ifstream in(file, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (!in.good() && !in.eof()) return fail(ErrorCode::io, fmt::format("{}: cannot read the tokenizer", file.string()));
-  auto t = Tokenizer::from_model(bytes.str(), file.string());
+  const auto bytes = detail::read_file(file, "tokenizer");
+  if (!bytes) return tl::unexpected(bytes.error());
+  auto t = Tokenizer::from_model(*bytes, file.string());
   if (!t) return t;
   std::lock_guard<std::mutex> lock(mutex);
   cache.insert_or_assign(key, *t);

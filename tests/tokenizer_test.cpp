@@ -269,6 +269,8 @@ TEST_CASE("token shards: a language model's stream packed once, read back as the
   CHECK_THAT(baton::text::pack_tokens(lm, dir.path / "shards").error().message, Catch::Contains("exists"));
   const auto classes = ok(baton::text::classification(mixed_records(20), {.length = 8}));
   CHECK_THAT(baton::text::pack_tokens(classes, dir.path / "x").error().message, Catch::Contains("not a language-model dataset"));
+  CHECK_THAT(baton::text::pack_tokens(lm.head(5), dir.path / "x").error().message,
+             Catch::Contains("is a part of a language-model dataset") && Catch::Contains("without its limit"));
   fs::copy(dir.path / "shards", dir.path / "damaged");
   {
     std::fstream f(dir.path / "damaged/tokens-00001.bin", std::ios::in | std::ios::out | std::ios::binary);
