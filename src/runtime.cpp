@@ -160,12 +160,13 @@ std::string blas_wait_policy() {
 
 void relaunch_with_thread_policy(char** argv) {
   if (argv == nullptr || argv[0] == nullptr) return;
-  std::vector<const char*> added;
-  if (!std::getenv("GOMP_SPINCOUNT") && !std::getenv("OMP_WAIT_POLICY")) added.push_back("GOMP_SPINCOUNT");
-  if (!std::getenv("OPENBLAS_THREAD_TIMEOUT") && !std::getenv("GOTO_THREAD_TIMEOUT")) added.push_back("OPENBLAS_THREAD_TIMEOUT");
+  std::vector<const char*> added;  // each setting is added only where the environment has neither of its names
+  const auto add = [&](const char* name, const char* other, const char* value) {
+    if (!std::getenv(name) && !std::getenv(other) && ::setenv(name, value, 1) == 0) added.push_back(name);
+  };
+  add("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "1000");
+  add("OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT", "10");
   if (added.empty()) return;
-  for (const char* name : added)
-    if (::setenv(name, std::string_view(name) == "GOMP_SPINCOUNT" ? "1000" : "10", 1) != 0) return;
   ::execv("/proc/self/exe", argv);
   for (const char* name : added) ::unsetenv(name);  // the exec failed: go on as before, saying so in the report
 }

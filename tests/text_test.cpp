@@ -58,6 +58,17 @@ baton::TrainingSpec lm_spec(const baton::Dataset& data, baton::Time duration) {
       .duration = duration,
   };
 }
+/// The promise of bits: fits split at `splits` and a resume at `at` give the bits of one fit.
+void check_split_and_resume(const baton::TrainingSpec& spec, const baton::TrainState& state, std::vector<baton::Time> splits,
+                            baton::Time at) {
+  const auto split = baton::testing::split_invariant(spec, state, std::move(splits));
+  INFO(split);
+  CHECK(split.passed);
+  const auto resume = baton::testing::resume_invariant(spec, state, at);
+  INFO(resume);
+  CHECK(resume.passed);
+}
+
 }  // namespace
 
 TEST_CASE("fortunes: links, .u8 and .dat files are not read, overstrikes cleaned, duplicates kept once", "[text]") {
@@ -238,12 +249,7 @@ TEST_CASE("gpt: split and resume give the bits of one fit, with dropout", "[text
   spec.clip_grad_norm = 1.0;
   spec.schedule = baton::schedule::linear_warmup(baton::Time::batches(5), baton::schedule::cosine());
   auto state = ok(baton::init_state(baton::models::gpt(tiny_gpt(0, 0.1)), {.seed = 9, .max_duration = baton::Time::epochs(2)}));
-  const auto split = baton::testing::split_invariant(spec, state, {baton::Time::batches(7), baton::Time::epochs(1)});
-  INFO(split);
-  CHECK(split.passed);
-  const auto resume = baton::testing::resume_invariant(spec, state, baton::Time::batches(11));
-  INFO(resume);
-  CHECK(resume.passed);
+  check_split_and_resume(spec, state, {baton::Time::batches(7), baton::Time::epochs(1)}, baton::Time::batches(11));
 }
 
 TEST_CASE("gpt: sequence-length warm-up grows the windows over the stage, and split and resume keep the bits",
@@ -265,12 +271,7 @@ TEST_CASE("gpt: sequence-length warm-up grows the windows over the stage, and sp
   CHECK(lengths.back() == 16);
   CHECK(std::is_sorted(lengths.begin(), lengths.end()));
   CHECK(std::count(lengths.begin(), lengths.end(), 16) == 10);  // full length from half the stage on
-  const auto split = baton::testing::split_invariant(spec, state, {baton::Time::batches(3), baton::Time::batches(11)});
-  INFO(split);
-  CHECK(split.passed);
-  const auto resume = baton::testing::resume_invariant(spec, state, baton::Time::batches(7));
-  INFO(resume);
-  CHECK(resume.passed);
+  check_split_and_resume(spec, state, {baton::Time::batches(3), baton::Time::batches(11)}, baton::Time::batches(7));
   // Not token inputs: a clear error.
   const auto bad = baton::algorithms::seq_length_warmup({.min_length = 0});
   CHECK_THAT(bad.invalid, Catch::Contains("seq_length_warmup.min_length: must be >= 1, got 0"));
@@ -288,12 +289,7 @@ TEST_CASE("gpt in bf16: split and resume give the bits of one fit, with dropout 
   const auto fp32 = ok(baton::fit(lm_spec(data, baton::Time::batches(14)), state));
   const auto bf16 = ok(baton::fit(spec, state));
   CHECK_FALSE(baton::bitwise_equal(fp32, bf16));  // bf16 arithmetic did run
-  const auto split = baton::testing::split_invariant(spec, state, {baton::Time::batches(3), baton::Time::batches(9)});
-  INFO(split);
-  CHECK(split.passed);
-  const auto resume = baton::testing::resume_invariant(spec, state, baton::Time::batches(6));
-  INFO(resume);
-  CHECK(resume.passed);
+  check_split_and_resume(spec, state, {baton::Time::batches(3), baton::Time::batches(9)}, baton::Time::batches(6));
 }
 
 TEST_CASE("gpt: a classifier stage transfers the pretrained trunk and trains a new head", "[text][gpt]") {
