@@ -217,6 +217,40 @@ TEST_CASE("train_step is one pure step, equal to fit(1ba)", "[fit][step]") {
   CHECK(bad.error().code == baton::ErrorCode::shape_mismatch);
 }
 
+TEST_CASE("a fit of N batches equals N train_steps, with algorithms at after_data and batch_end", "[fit][step]") {
+  // MixUp draws from the run's RNG after the data; EMA averages the weights at batch_end; the
+  // schedule reads the clock. 40 batches cross an epoch (its last batch has 8 samples) and a
+  // reshuffle, so the order of events and the clock must agree between the two.
+  // A user's algorithm that keeps the clock its batch_end sees (after the batch is counted, as
+  // docs/events.md says), and SWA, whose stage_end replaces the weights when the stage is done.
+  namespace algo = baton::algorithms;
+  baton::Algorithm clock{.name = "clock", .identity = "clock"};
+  clock.batch_end = [](const baton::AlgorithmContext&, const baton::TrainState& st, baton::Algorithm::Tensors& m) {
+    const auto seen = torch::tensor({st.time.sample, st.time.epoch}, torch::kLong);
+    m["seen"] = m.count("seen") ? torch::cat({m["seen"], seen}) : seen;
+  };
+  const auto sp = spec(Time::batches(40))
+                      .with_algorithms({algo::mixup({.alpha = 0.4}), algo::ema({.decay = 0.9}), clock,
+                                        algo::swa({.start = 0.5})})
+                      .with_schedule(baton::schedule::linear_warmup(Time::batches(5), baton::schedule::cosine()), baton::Clock::stage);
+  const auto start = test::new_state();
+  const auto fitted = ok(baton::fit(sp, start));
+
+  baton::TrainState s = start;
+  const std::int64_t n = data().size();
+  for (int i = 0; i < 40; ++i) {
+    const std::int64_t take = std::min<std::int64_t>(32, n - s.time.sample_in_epoch);
+    const auto order = baton::data::epoch_order(n, s.seed, s.time.epoch).narrow(0, s.time.sample_in_epoch, take);
+    auto r = ok(baton::train_step(sp, s, {data().inputs.index_select(0, order), data().targets.index_select(0, order)}));
+    s = std::move(r.state);
+  }
+  CHECK(s.time.batch == 40);
+  CHECK(s.time.epoch == 1);
+  const auto& seen = fitted.algorithm_state.at("clock").at("seen");
+  CHECK(seen[0].item<std::int64_t>() == 32);  // the first batch_end sees its own 32 samples counted
+  require_same_bits(fitted, s);
+}
+
 TEST_CASE("stages chain with and_then -- the first error stops the chain with its stage", "[fit][stage]") {
   const auto warm = spec(Time::epochs(1)).with_name("warmup");
   const auto bad = warm.with_name("broken").with_batch_size(-1);

@@ -53,7 +53,11 @@ struct StepResult {
 };
 
 /// One pure step on one batch: forward, loss, backward, optimizer update, timestamp advanced by
-/// one batch. Useful to unit-test training code.
+/// one batch. Useful to unit-test training code. It sets up and trains the batch as `fit` does
+/// (the same code: carry-over at a stage's start, groups, freezing, the spec's algorithms at every
+/// event point, their stage_end when the step ends the stage), so a fit of N batches equals N
+/// steps given the batches fit would draw; callbacks, loggers, evaluation and checkpoints are
+/// fit's alone. A non-finite loss is an error unless `on_non_finite` is skip.
 Expected<StepResult> train_step(const TrainingSpec& spec, TrainState state, const Batch& batch);
 
 /// The base learning rate (the optimizer's lr times the schedule) that the next step of

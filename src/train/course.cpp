@@ -72,6 +72,23 @@ Course Course::make(const TrainingSpec& spec, const TrainState& s, std::optional
                 spec.algorithms.empty() ? 0 : data_classes(spec.data.train)};
 }
 
+Course Course::for_step(const TrainingSpec& spec, const TrainState& s, const Batch& batch) {
+  const std::int64_t n = spec.data.train.size() > 0 ? spec.data.train.size() : batch.inputs.size(0);
+  const Mark end = Mark::after(spec.duration, s.stage_start, s.max_duration, n);
+  const std::int64_t classes = spec.algorithms.empty() ? 0
+                                   : std::max(data_classes(spec.data.train),
+                                              data_classes(Dataset{batch.inputs, batch.targets, ""}));
+  return Course{spec.data.train,
+                n,
+                std::max<std::int64_t>(spec.data.batch_size, 1),
+                spec.data.drop_last,
+                spec.data_seed.value_or(s.seed),
+                s.stage_start,
+                end,
+                end,
+                classes};
+}
+
 torch::Tensor Course::indices(TrainState& s, bool shuffle, std::int64_t offset, std::int64_t size) const {
   const Timestamp& t = s.time;
   const auto& cache = s.order_cache;

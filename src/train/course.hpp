@@ -28,6 +28,10 @@ struct Course {
 
   /// For `spec` on `s` after `begin_stage`.
   static Course make(const TrainingSpec& spec, const TrainState& s, std::optional<Time> budget);
+  /// For one train_step of `batch` on `s` after `begin_stage`. Without training data in the spec,
+  /// an epoch is this one batch (for the schedule's units); the classes are those of the data or
+  /// of the batch, whichever is more.
+  static Course for_step(const TrainingSpec& spec, const TrainState& s, const Batch& batch);
 
   /// The fit is over: the stage or the budget is done, or the run's max duration is reached.
   [[nodiscard]] bool done(const TrainState& s) const {

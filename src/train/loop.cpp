@@ -43,29 +43,22 @@
 #include "train/feed.hpp"
 #include "horizon.hpp"
 #include "train/observers.hpp"
-#include "train/precision.hpp"
-#include "train/step.hpp"
+#include "train/session.hpp"
 
 namespace baton {
 namespace {
 
 Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional<Time> budget) {
-  const bool began = detail::stage_position(spec, s).new_stage;
-  auto transfer = detail::begin_stage(spec, s);
+  const auto input_rank = static_cast<std::int64_t>(spec.data.train.input_shape().size()) + 1;
+  detail::Session session(spec, s, input_rank);
   const detail::Course course = detail::Course::make(spec, s, budget);
-  if (!spec.device.is_cpu()) detail::to_device(s, spec.device);
-  detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, course.data.input_shape().size() + 1, spec.device));
-  const detail::DeterministicScope deterministic(spec.deterministic);
-  std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
-  detail::FreezeScope frozen(spec, *s.model.module);
-  s.model.module->train(true);
   // Dropout, augmentation etc. draw from the run's RNG, installed in LibTorch's global generator
   // for each batch: fits in other threads take turns (docs/threads.md).
   detail::RngStream rng(s.rng);
   detail::DataParallel dp(spec.distributed.get());
   dp.start(s, course.n, course.batch_size, course.data_seed);
   detail::Feed feed(spec, course, [&dp](std::int64_t take) { return dp.shard(take); }, s.max_duration);
-  detail::Observers obs(spec, s, course, rng, dp, std::move(transfer));
+  detail::Observers obs(spec, s, course, rng, dp, session.take_transfer());
   {
     const auto held = rng.hold();
     obs.fire(Event::fit_start);
@@ -84,13 +77,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
     Batch batch = feed.next(s, take, offset, size);
     if (!spec.device.is_cpu()) batch = {batch.inputs.to(spec.device, true), batch.targets.to(spec.device, true)};
     const Timestamp before = t;
-    const AlgorithmContext actx = obs.context(before);
-    batch = obs.after_data(actx, std::move(batch));
-    const double scale = spec.schedule(detail::schedule_time(spec, s, t, s.stage_start, course.n));
-    const detail::StepOutput out = detail::step_in_place(spec, s, slots, batch, scale, obs.hooks(), actx, dp);
-    if (out.non_finite && !obs.on_non_finite(out)) break;  // error: raises; stop: ends here; skip: goes on
-    detail::advance(t, take);
-    obs.batch_end(actx, out, take, spec.optimizer.lr() * scale);
+    if (!detail::train_batch(spec, s, session, obs, dp, std::move(batch), take, course.n).go_on) break;
     const std::int64_t epoch = t.epoch;
     detail::roll_epoch(t, course.n, course.batch_size, course.drop_last);
     obs.after_batch(before, t.epoch != epoch);
@@ -99,7 +86,7 @@ Expected<TrainState> train(const TrainingSpec& spec, TrainState s, std::optional
     const auto held = rng.hold();
     obs.finish();
   }
-  layout.restore();
+  session.restore_layout();
   return s;
 }
 
@@ -111,8 +98,6 @@ Expected<TrainState> fit_impl(const TrainingSpec& spec, TrainState s, std::optio
            if (budget)
              if (auto ok = detail::check_budget(*budget, "fit"); !ok) return tl::unexpected(ok.error());
            if (budget && budget->value == 0) return std::move(s);  // a zero budget changes nothing
-           detail::note_runtime_once();
-           if (spec.precision == Precision::bf16 && spec.device.is_cpu()) detail::warn_bf16_once();
            return train(spec, std::move(s), budget);
          })
       .map_error(add_context(fmt::format("stage \"{}\"", spec.name)));

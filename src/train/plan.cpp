@@ -5,13 +5,12 @@
 
 #include "baton/fit.hpp"
 #include "detail.hpp"
-#include "train/precision.hpp"
 #include "train/carry.hpp"
 #include "train/course.hpp"
 #include "train/data_parallel.hpp"
 #include "horizon.hpp"
 #include "train/observers.hpp"
-#include "train/step.hpp"
+#include "train/session.hpp"
 
 namespace baton {
 namespace {
@@ -34,56 +33,46 @@ Expected<void> check_batch(const TrainingSpec& spec, const TrainState& s, const 
                             detail::shape_string(batch.inputs), detail::shape_string(batch.targets)));
   return {};
 }
+
+/// The spec a train_step trains by: its algorithms apply as in fit; callbacks, loggers, evaluation,
+/// checkpoints and stop requests are fit's business.
+TrainingSpec step_spec(const TrainingSpec& spec) {
+  TrainingSpec quiet = spec;
+  quiet.callbacks.clear(), quiet.loggers.clear();
+  quiet.evaluation.reset(), quiet.keep_best.reset();
+  quiet.checkpoints = CheckpointPolicy{};
+  quiet.stop.reset(), quiet.handle_signals = false;
+  return quiet;
+}
 }  // namespace
 
 Expected<StepResult> train_step(const TrainingSpec& spec, TrainState s, const Batch& batch) {
   return detail::guard([&]() -> Expected<StepResult> {
            if (auto ok = check_batch(spec, s, batch); !ok) return tl::unexpected(ok.error());
-           const std::int64_t b = batch.inputs.size(0);
-           // Without training data in the spec, an epoch is this one batch (for the schedule's units).
-           const std::int64_t n = spec.data.train.size() > 0 ? spec.data.train.size() : b;
-           const std::int64_t bs = std::max<std::int64_t>(spec.data.batch_size, 1);
-           const bool began = detail::stage_position(spec, s).new_stage;
-           auto transfer = detail::begin_stage(spec, s);
-           if (!spec.device.is_cpu()) detail::to_device(s, spec.device);  // as fit: before the optimizer binds
-           std::vector<detail::Slot> slots = detail::bind_optimizer(spec, s, began);
-           detail::FreezeScope frozen(spec, *s.model.module);
-           s.model.module->train(true);
-           detail::LayoutScope layout(*s.model.module, detail::use_channels_last(spec.memory_format, batch.inputs.defined() ? batch.inputs.dim() : 0, spec.device));
-           const detail::DeterministicScope deterministic(spec.deterministic);
-           detail::GlobalRngScope rng(s.rng);
-           if (spec.device.is_cuda()) detail::seed_device_generator(spec.device);  // dropout on the GPU, as fit
-           const std::size_t record = detail::open_record(s, spec.name, std::move(transfer));  // as fit keeps it
-           detail::roll_epoch(s.time, n, bs, spec.data.drop_last);
-           const double scale = spec.schedule(detail::schedule_time(spec, s, s.time, s.stage_start, n));
-           // The spec's algorithms apply as in fit (callbacks and loggers are fit's business).
-           TrainingSpec quiet = spec;
-           quiet.callbacks.clear(), quiet.loggers.clear();
-           detail::Hooks hooks{quiet, s};
-           const Timestamp before = s.time;
-           const auto end = detail::Mark::after(spec.duration, s.stage_start, s.max_duration, n);
-           const std::int64_t classes = spec.algorithms.empty() ? 0
-                                            : std::max(detail::data_classes(spec.data.train),
-                                                       detail::data_classes(Dataset{batch.inputs, batch.targets, ""}));
-           const AlgorithmContext actx{spec, before, end.progress(before, s.stage_start, n), classes};
-           Batch transformed = spec.device.is_cpu() ? batch : Batch{batch.inputs.to(spec.device), batch.targets.to(spec.device)};
-           for (const auto& a : spec.algorithms)
-             if (a.after_data) transformed = a.after_data(actx, std::move(transformed));
+           const TrainingSpec quiet = step_spec(spec);
+           // The set-up and the batch are fit's own (session.hpp), so a fit of N batches is N steps.
+           detail::Session session(quiet, s, batch.inputs.dim());
+           const detail::Course course = detail::Course::for_step(quiet, s, batch);
+           detail::RngStream rng(s.rng);
            detail::DataParallel none(nullptr);
-           const auto out = detail::step_in_place(quiet, s, slots, transformed, scale,
-                                                  spec.algorithms.empty() ? nullptr : &hooks, actx, none);
-           if (out.non_finite)
-             detail::raise(ErrorCode::non_finite, fmt::format("{} at batch {}; the step was not applied", out.what, s.time.batch));
-           for (const auto& a : spec.algorithms)
-             if (a.batch_end) detail::with_memory(s.algorithm_state, a.name, [&](Algorithm::Tensors& m) { a.batch_end(actx, s, m); });
-           detail::advance(s.time, b);
-           auto& r = s.history[record];
-           r.last_loss = out.loss, r.last_grad_norm = out.grad_norm, r.last_lr = spec.optimizer.lr() * scale;
-           detail::roll_epoch(s.time, n, bs, spec.data.drop_last);
-           r.end = s.time;
-           s.rng = rng.current();
-           layout.restore();
-           return StepResult{std::move(s), out.loss, spec.optimizer.lr() * scale, out.grad_norm};
+           detail::Observers obs(quiet, s, course, rng, none, session.take_transfer());
+           const auto held = rng.hold();
+           if (spec.device.is_cuda()) detail::seed_device_generator(spec.device);  // dropout on the GPU, as fit
+           detail::roll_epoch(s.time, course.n, course.batch_size, course.drop_last);
+           const Timestamp before = s.time;
+           const std::int64_t b = batch.inputs.size(0);
+           Batch on_device = spec.device.is_cpu() ? batch : Batch{batch.inputs.to(spec.device), batch.targets.to(spec.device)};
+           const auto r = detail::train_batch(quiet, s, session, obs, none, std::move(on_device), b, course.n);
+           // One step has nothing to skip to: a non-finite step is an error unless the policy skips it.
+           if (r.out.non_finite && spec.on_non_finite != NonFinite::skip)
+             detail::raise(ErrorCode::non_finite,
+                           fmt::format("{} at batch {}; the step was not applied", r.out.what, s.time.batch));
+           const std::int64_t epoch = s.time.epoch;
+           detail::roll_epoch(s.time, course.n, course.batch_size, course.drop_last);
+           obs.after_batch(before, s.time.epoch != epoch);
+           obs.finish();
+           session.restore_layout();
+           return StepResult{std::move(s), r.out.loss, r.lr, r.out.grad_norm};
          })
       .map_error(add_context(stage_context(spec) + " train_step"));
 }
