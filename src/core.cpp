@@ -15,6 +15,7 @@
 #include "baton/time.hpp"
 #include "detail.hpp"
 #include "io.hpp"
+#include "optim_rules.hpp"
 #include "params_reader.hpp"
 
 namespace baton {
@@ -153,6 +154,7 @@ namespace {
 
 // ---------------------------------------------------------------- Optimizer
 std::string_view Optimizer::kind() const {
+  if (const auto* r = std::get_if<UpdateRule>(&options)) return r->name;
   static constexpr std::string_view kinds[] = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
   return kinds[options.index()];
 }
@@ -202,6 +204,8 @@ Expected<void> Optimizer::validate() const {
           check(unit(o.alpha), fmt::format("optimizer.alpha: must be in [0, 1), got {}", o.alpha));
           check(unit(o.momentum), fmt::format("optimizer.momentum: must be in [0, 1), got {}", o.momentum));
           check(std::isfinite(o.eps) && o.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", o.eps));
+        } else if constexpr (std::is_same_v<O, UpdateRule>) {
+          for (const auto& problem : optim::rule_problems(o)) note(problems, problem);
         } else {
           check(finite_nonneg(o.lr_decay), fmt::format("optimizer.lr_decay: must be >= 0, got {}", o.lr_decay));
           check(finite_nonneg(o.initial_accumulator_value),
@@ -231,7 +235,7 @@ Optimizer rmsprop(RmspropOptions options) { return Optimizer{options, {}}; }
 Optimizer adagrad(AdagradOptions options) { return Optimizer{options, {}}; }
 
 const std::vector<std::string>& names() {
-  static const std::vector<std::string> all = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
+  static const std::vector<std::string> all = {"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion", "lamb"};
   return all;
 }
 
@@ -264,6 +268,16 @@ Expected<Optimizer> from_name(const std::string& name, const Params& params) {
     o.weight_decay = r.number("weight_decay", o.weight_decay), o.eps = r.number("eps", o.eps);
     o.initial_accumulator_value = r.number("initial_accumulator_value", o.initial_accumulator_value);
     opt = adagrad(o);
+  } else if (name == "lion") {
+    LionOptions o;
+    o.lr = r.number("lr", o.lr), o.beta1 = r.number("beta1", o.beta1), o.beta2 = r.number("beta2", o.beta2);
+    o.weight_decay = r.number("weight_decay", o.weight_decay);
+    opt = lion(o);
+  } else if (name == "lamb") {
+    LambOptions o;
+    o.lr = r.number("lr", o.lr), o.beta1 = r.number("beta1", o.beta1), o.beta2 = r.number("beta2", o.beta2);
+    o.eps = r.number("eps", o.eps), o.weight_decay = r.number("weight_decay", o.weight_decay);
+    opt = lamb(o);
   } else {
     return fail(ErrorCode::invalid_argument, fmt::format("unknown optimizer \"{}\"{}; valid optimizers: {}", name,
                                                          detail::did_you_mean(name, names()), fmt::join(names(), ", ")));

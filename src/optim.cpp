@@ -4,11 +4,12 @@
 
 #include <torch/torch.h>
 
-#include "baton/optim.hpp"
+#include "optim_rules.hpp"
 
 namespace baton::optim {
 
 std::size_t slot_count(const Optimizer& opt) {
+  if (const auto* r = std::get_if<UpdateRule>(&opt.options)) return r->slots.size();
   return std::holds_alternative<SgdOptions>(opt.options) || std::holds_alternative<AdagradOptions>(opt.options) ? 1 : 3;
 }
 
@@ -19,6 +20,7 @@ void apply(const Optimizer& opt, torch::Tensor p, torch::Tensor grad, ParamState
   };
   if (st.slots.size() < slot_count(opt)) st.slots.resize(slot_count(opt));
   st.step += 1;
+  if (const auto* r = std::get_if<UpdateRule>(&opt.options)) return apply_rule(*r, p, grad, st, lr, wd);
   std::visit(
       [&](const auto& o) {
         using O = std::decay_t<decltype(o)>;
@@ -72,7 +74,7 @@ void apply(const Optimizer& opt, torch::Tensor p, torch::Tensor grad, ParamState
           } else {
             p.addcdiv_(grad, avg, -lr);
           }
-        } else {  // Adagrad
+        } else if constexpr (std::is_same_v<O, AdagradOptions>) {
           init(st.slots[0], p, o.initial_accumulator_value);
           if (wd != 0) grad = grad.add(p, wd);
           const double clr = lr / (1 + static_cast<double>(st.step - 1) * o.lr_decay);

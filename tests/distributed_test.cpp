@@ -241,7 +241,8 @@ TEST_CASE("2 ranks x batch 64 equal 1 rank x batch 128 within float tolerance af
     std::optional<double> clip;
   };
   for (const auto& c : {Case{"sgd momentum, grad accumulation 2, clip 0.5", baton::optim::sgd({.lr = 0.05, .momentum = 0.9}), 2, 0.5},
-                        Case{"adam", baton::optim::adam({.lr = 0.003}), 1, std::nullopt}}) {
+                        Case{"adam", baton::optim::adam({.lr = 0.003}), 1, std::nullopt},
+                        Case{"a user's update rule (heavy ball, a scalar slot)", test::heavy_ball(0.02), 1, 1.0}}) {
     SECTION(c.name) {
       const auto spec = test::spec(data, baton::Time::batches(50))
                             .with_batch_size(128)

@@ -57,6 +57,21 @@ inline void require_same_bits(const baton::TrainState& a, const baton::TrainStat
   REQUIRE(a.rng.equal(b.rng));
 }
 
+/// A user's update rule, written as docs/optimizers.md shows: heavy-ball momentum, with a second
+/// slot of another shape than the parameter's (a scalar: the sum of squared gradients seen).
+inline baton::Optimizer heavy_ball(double lr = 0.05, double beta = 0.9) {
+  baton::UpdateRule r{.name = "heavy_ball", .identity = "heavy_ball(beta=" + std::to_string(beta) + ") v1", .lr = lr,
+                      .slots = {"velocity", "grad_sq_sum"}};
+  r.init = [](const torch::Tensor& p) { return std::vector<torch::Tensor>{torch::zeros_like(p), torch::zeros({}, p.options())}; };
+  r.update = [beta](torch::Tensor& p, const torch::Tensor& g, std::vector<torch::Tensor>& slots, std::int64_t, double lr,
+                    double wd) {
+    slots[0].mul_(beta).add_(g).add_(p, wd);
+    slots[1].add_(g.square().sum());
+    p.add_(slots[0], -lr);
+  };
+  return baton::optim::rule(std::move(r));
+}
+
 /// The value, or the test fails with the error's text.
 template <class T>
 T ok(baton::Expected<T> r) {

@@ -169,3 +169,99 @@ TEST_CASE("parameter groups by module type: AdamW without decay on biases, Layer
   CHECK_THAT(r.error().message, Catch::Contains("modules LayerNrom match no parameter") &&
                                     Catch::Contains("modules holding parameters: Embedding, LayerNorm, Linear"));
 }
+
+namespace {
+/// Trains `ours` by train_step for 6 batches beside a copy of the same model whose parameters
+/// `reference(step, params, grads)` updates; the weights must agree to float rounding.
+void against_equations(const baton::Optimizer& ours,
+                       const std::function<void(std::int64_t, std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&)>& reference) {
+  const auto data = test::blobs(64);
+  auto s = test::ok(baton::init_state(baton::models::mlp({8, 6, 4}), {.seed = 9, .max_duration = baton::Time::epochs(10)}));
+  const baton::TrainState init = s;
+  baton::TrainState ref = s;
+  const baton::TrainingSpec spec{.data = {.train = data, .batch_size = 16, .shuffle = false}, .optimizer = ours};
+  for (std::int64_t step = 1; step <= 6; ++step) {
+    const baton::Batch batch{data.inputs.narrow(0, (step % 4) * 16, 16), data.targets.narrow(0, (step % 4) * 16, 16)};
+    s = test::ok(baton::train_step(spec, std::move(s), batch)).state;
+    auto params = ref.model.module->parameters();
+    for (auto& p : params) p.mutable_grad().reset();
+    torch::nn::functional::cross_entropy(ref.model.forward(batch.inputs), batch.targets).backward();
+    std::vector<torch::Tensor> grads, values;
+    for (auto& p : params) grads.push_back(p.grad().clone()), values.push_back(p.detach().clone());
+    reference(step, values, grads);
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
+  }
+  const auto a = s.named_parameters(), b = ref.named_parameters();
+  double moved = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first << ": max difference " << (a[i].second - b[i].second).abs().max().item<double>());
+    CHECK(torch::allclose(a[i].second, b[i].second, 1e-5, 1e-6));
+    moved = std::max(moved, (a[i].second - init.named_parameters()[i].second).abs().max().item<double>());
+  }
+  CHECK(moved > 1e-3);  // it trained
+}
+}  // namespace
+
+TEST_CASE("Lion follows its published update equations", "[optim][rules]") {
+  // Chen et al. 2023, Algorithm 2: c = b1 m + (1 - b1) g; p -= lr (sign(c) + wd p); m = b2 m + (1 - b2) g.
+  const double lr = 3e-3, b1 = 0.9, b2 = 0.99, wd = 0.1;
+  std::vector<torch::Tensor> m;
+  against_equations(baton::optim::lion({.lr = lr, .beta1 = b1, .beta2 = b2, .weight_decay = wd}),
+                    [&](std::int64_t, std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g) {
+                      if (m.empty()) for (const auto& t : p) m.push_back(torch::zeros_like(t));
+                      for (std::size_t i = 0; i < p.size(); ++i) {
+                        const auto c = b1 * m[i] + (1 - b1) * g[i];
+                        p[i] = p[i] - lr * (torch::sign(c) + wd * p[i]);
+                        m[i] = b2 * m[i] + (1 - b2) * g[i];
+                      }
+                    });
+  CHECK(baton::optim::lion().kind() == "lion");
+  CHECK(baton::optim::slot_count(baton::optim::lion()) == 1);
+}
+
+TEST_CASE("LAMB follows its published update equations", "[optim][rules]") {
+  // You et al. 2020, Algorithm 2: Adam's bias-corrected m / (sqrt(v) + eps) plus wd p, scaled by
+  // the trust ratio ||p|| / ||r|| per parameter tensor.
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-6, wd = 0.01;
+  std::vector<torch::Tensor> m, v;
+  against_equations(baton::optim::lamb({.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd}),
+                    [&](std::int64_t t, std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g) {
+                      if (m.empty()) for (const auto& x : p) m.push_back(torch::zeros_like(x)), v.push_back(torch::zeros_like(x));
+                      for (std::size_t i = 0; i < p.size(); ++i) {
+                        m[i] = b1 * m[i] + (1 - b1) * g[i];
+                        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+                        const auto m_hat = m[i] / (1 - std::pow(b1, t)), v_hat = v[i] / (1 - std::pow(b2, t));
+                        const auto r = m_hat / (torch::sqrt(v_hat) + eps) + wd * p[i];
+                        const double pn = p[i].norm().item<double>(), rn = r.norm().item<double>();
+                        p[i] = p[i] - lr * (pn > 0 && rn > 0 ? pn / rn : 1.0) * r;
+                      }
+                    });
+}
+
+TEST_CASE("an update rule of your own trains, splits, checkpoints and resumes as a built-in does", "[optim][rules]") {
+  const auto data = test::blobs(300);
+  const auto spec = test::spec(data, baton::Time::epochs(3)).with_optimizer(test::heavy_ball(), baton::Carry::fresh);
+  const auto whole = test::ok(baton::fit(spec, test::new_state()));
+  const auto& slots = whole.optimizer.params.at("0.weight").slots;
+  REQUIRE(slots.size() == 2);
+  CHECK(slots[1].dim() == 0);  // a slot of its own shape
+  CHECK(slots[1].item<double>() > 0);
+  CHECK(whole.optimizer.kind == "heavy_ball");
+
+  const test::TempDir dir;
+  auto half = test::ok(baton::fit(spec, test::new_state(), baton::Time::batches(13)));
+  REQUIRE(baton::save_checkpoint(half, dir.path / "c.baton"));
+  auto loaded = test::ok(baton::load_checkpoint(dir.path / "c.baton", test::bn_dropout_mlp()));
+  test::require_same_bits(whole, test::ok(baton::fit(spec, std::move(loaded))));
+
+  // Its moments continue only under its own name; it says what is wrong with it, by field.
+  auto other = baton::fit(spec.with_name("next").with_optimizer(baton::optim::adam(), baton::Carry::keep), half);
+  REQUIRE_FALSE(other);
+  CHECK_THAT(other.error().message, Catch::Contains("heavy_ball moments") && Catch::Contains("fresh"));
+  baton::UpdateRule nameless{.name = "mine"};
+  auto bad = baton::optim::rule(nameless).validate();
+  REQUIRE_FALSE(bad);
+  CHECK_THAT(bad.error().message, Catch::Contains("identity") && Catch::Contains("update function"));
+  CHECK_FALSE(baton::optim::lion({.beta2 = 1.5}).validate());
+}

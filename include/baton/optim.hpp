@@ -5,6 +5,7 @@
 /// checkpoints. Update rules match torch::optim bit for bit.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -67,6 +68,65 @@ struct AdagradOptions {
   double eps = 1e-10;
 };
 
+/// An update rule of your own, as Optax's (init, update) pair (docs/optimizers.md): the slots it
+/// keeps per parameter, how they start, and one update. baton binds it to the parameters, applies
+/// groups, freezing, clipping and the schedule, all-reduces gradients across ranks before it runs,
+/// and keeps its slots in the TrainState (copied, carried over, checkpointed and resumed like the
+/// built-ins' moments). Lion and LAMB (optim::lion, optim::lamb) are written this way.
+///
+/// `update` changes `param` and `slots` in place (under no_grad): the state is copied before a
+/// fit changes it, so purity holds at the state level, and in-place arithmetic is what keeps the
+/// built-ins bit-equal to torch::optim and spares a delta tensor per parameter per step.
+/// `optim::update` is the pure form, for tests.
+///
+/// ```cpp
+/// baton::UpdateRule sign_sgd{.name = "signsgd", .identity = "signsgd(v1)", .lr = 0.01};
+/// sign_sgd.update = [](torch::Tensor& p, const torch::Tensor& g, std::vector<torch::Tensor>&, std::int64_t,
+///                      double lr, double wd) { p.mul_(1 - lr * wd).add_(g.sign(), -lr); };
+/// auto opt = baton::optim::rule(sign_sgd);
+/// ```
+struct UpdateRule {
+  /// Its kind in the state and in checkpoints: moments continue (Carry::keep) only under the same name.
+  std::string name{};
+  /// Every option that can change the bits, e.g. "lion(beta1=0.9, beta2=0.99)": run directories'
+  /// fingerprints hold it, so a resume with other options is refused. Required: change the text
+  /// when the behaviour changes.
+  std::string identity{};
+  double lr = 1e-3;            ///< the base learning rate (groups and the schedule scale it)
+  double weight_decay = 0.0;   ///< the base weight decay (groups may change it); the rule decides how it applies
+  /// The names of the tensors it keeps per parameter, in order (checkpoints keep them by position).
+  std::vector<std::string> slots{};
+  /// The slots of a parameter before its first update; any shapes (factored moments, scalars).
+  /// Unset: zeros shaped like the parameter, one per name.
+  std::function<std::vector<torch::Tensor>(const torch::Tensor& param)> init{};
+  /// One update of one parameter: `step` counts it from 1; `lr` and `weight_decay` are the
+  /// parameter's own (its group's; the learning rate times the schedule).
+  std::function<void(torch::Tensor& param, const torch::Tensor& grad, std::vector<torch::Tensor>& slots,
+                     std::int64_t step, double lr, double weight_decay)>
+      update{};
+  std::string invalid{};  ///< set by a factory given bad options; Optimizer::validate reports it
+};
+
+/// Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): the sign of an
+/// interpolation of momentum and gradient, decoupled weight decay. One slot, `exp_avg`.
+struct LionOptions {
+  double lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double weight_decay = 0.0;
+};
+
+/// LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning"): Adam's bias-corrected
+/// direction plus decoupled weight decay, scaled per parameter by the trust ratio
+/// ||param|| / ||direction|| (1 where either norm is 0). Slots `exp_avg`, `exp_avg_sq`.
+struct LambOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-6;
+  double weight_decay = 0.01;
+};
+
 /// Parameters selected by name patterns (globs: `*` matches any text including dots, `?` one
 /// character; e.g. "backbone.*", "*.bias") or by the type of the module that holds them, with
 /// their own learning rate and weight decay. The first group that selects a parameter takes it;
@@ -93,10 +153,11 @@ struct ParamGroup {
 ///                              {.patterns = {"*.bias", "*bn*"}, .weight_decay = 0.0}});
 /// ```
 struct Optimizer {
-  std::variant<SgdOptions, AdamOptions, AdamWOptions, RmspropOptions, AdagradOptions> options{};
+  std::variant<SgdOptions, AdamOptions, AdamWOptions, RmspropOptions, AdagradOptions, UpdateRule> options{};
   std::vector<ParamGroup> groups{};
 
-  [[nodiscard]] std::string_view kind() const;  ///< "sgd", "adam", "adamw", "rmsprop" or "adagrad"
+  /// "sgd", "adam", "adamw", "rmsprop", "adagrad", or an update rule's name ("lion", "lamb", yours).
+  [[nodiscard]] std::string_view kind() const;
   [[nodiscard]] double lr() const;              ///< the base learning rate
   [[nodiscard]] double weight_decay() const;    ///< the base weight decay
   [[nodiscard]] Optimizer with_lr(double lr) const;
@@ -112,13 +173,17 @@ Optimizer adam(AdamOptions options = {});
 Optimizer adamw(AdamWOptions options = {});
 Optimizer rmsprop(RmspropOptions options = {});
 Optimizer adagrad(AdagradOptions options = {});
+/// An optimizer of your own update rule.
+Optimizer rule(UpdateRule rule);
+Optimizer lion(LionOptions options = {});
+Optimizer lamb(LambOptions options = {});
 
 /// Builds an optimizer from its name and a key/value table (for hparams files), e.g.
 /// `from_name("sgd", {{"lr", 0.1}, {"momentum", 0.9}})`. Keys are the option names above
 /// (Adam's betas as `beta1`, `beta2`). Unknown names or keys, wrong types and invalid values are
 /// errors listing the valid names or keys.
 Expected<Optimizer> from_name(const std::string& name, const Params& params);
-/// Every name `from_name` accepts.
+/// Every name `from_name` accepts (the built-ins, Lion and LAMB).
 const std::vector<std::string>& names();
 }  // namespace optim
 
@@ -143,7 +208,8 @@ struct OptimizerState {
 };
 
 namespace optim {
-/// How many slot tensors `opt`'s kind keeps per parameter (SGD, Adagrad: 1; the others: 3).
+/// How many slot tensors `opt`'s kind keeps per parameter (SGD, Adagrad: 1; Adam, AdamW, RMSprop:
+/// 3; an update rule: its slots).
 std::size_t slot_count(const Optimizer& opt);
 
 /// One update of one parameter, in place, as `fit` applies it: `param` and `state` change as

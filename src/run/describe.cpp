@@ -39,7 +39,8 @@ static_assert(field_count<ModelCarry>() == 4, "ModelCarry has a new field: descr
 static_assert(field_count<KeepBest>() == 4 && field_count<LossScaling>() == 4 && field_count<EvalSchedule>() == 3,
               "KeepBest, LossScaling or EvalSchedule has a new field: describe it in stage_lines()");
 static_assert(field_count<SgdOptions>() == 5 && field_count<AdamOptions>() == 6 && field_count<AdamWOptions>() == 6 &&
-                  field_count<RmspropOptions>() == 6 && field_count<AdagradOptions>() == 5 && field_count<ParamGroup>() == 4,
+                  field_count<RmspropOptions>() == 6 && field_count<AdagradOptions>() == 5 && field_count<ParamGroup>() == 4 &&
+                  field_count<UpdateRule>() == 8,
               "an optimizer's options have a new field: describe it in optimizer_text()");
 
 std::string toml_string(const std::string& s) {
@@ -68,6 +69,9 @@ std::string optimizer_text(const Optimizer& o) {
         else if constexpr (std::is_same_v<T, RmspropOptions>)
           return fmt::format("rmsprop(lr={}, alpha={}, eps={}, weight_decay={}, momentum={}, centered={})", v.lr, v.alpha,
                              v.eps, v.weight_decay, v.momentum, v.centered);
+        else if constexpr (std::is_same_v<T, UpdateRule>)
+          return fmt::format("{} as {}(lr={}, weight_decay={}, slots [{}])", v.identity, v.name, v.lr, v.weight_decay,
+                             fmt::join(v.slots, " "));
         else
           return fmt::format("adagrad(lr={}, lr_decay={}, weight_decay={}, initial_accumulator_value={}, eps={})", v.lr,
                              v.lr_decay, v.weight_decay, v.initial_accumulator_value, v.eps);

@@ -123,7 +123,7 @@ std::vector<Slot> bind_optimizer(const TrainingSpec& spec, TrainState& s, bool b
   s.optimizer.kind = kind;
   const auto& opt = spec.optimizer;
   if (auto problem = pattern_problem(spec, *s.model.module)) raise(ErrorCode::invalid_spec, *problem);
-  const std::size_t nslots = std::holds_alternative<SgdOptions>(opt.options) || std::holds_alternative<AdagradOptions>(opt.options) ? 1 : 3;
+  const std::size_t nslots = optim::slot_count(opt);
   std::vector<Slot> slots;
   const auto types = opt.groups.empty() ? std::map<std::string, std::string>{} : holder_types(*s.model.module);
   for (const auto& item : s.model.module->named_parameters()) {

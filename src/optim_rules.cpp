@@ -1,0 +1,98 @@
+// Update rules as values (optim.hpp): the shape anyone's optimizer takes, and the two built on it,
+// Lion and LAMB, from their papers' update equations.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include "optim_rules.hpp"
+
+namespace baton::optim {
+namespace {
+bool unit(double v) { return std::isfinite(v) && v >= 0 && v < 1; }
+void note(std::string& invalid, bool ok, const std::string& what) {
+  if (!ok) invalid += (invalid.empty() ? "" : "; ") + what;
+}
+}  // namespace
+
+Optimizer rule(UpdateRule r) { return Optimizer{std::move(r), {}}; }
+
+Optimizer lion(LionOptions o) {
+  UpdateRule r{.name = "lion",
+               .identity = fmt::format("lion(beta1={}, beta2={})", o.beta1, o.beta2),
+               .lr = o.lr,
+               .weight_decay = o.weight_decay,
+               .slots = {"exp_avg"}};
+  note(r.invalid, unit(o.beta1), fmt::format("optimizer.beta1: must be in [0, 1), got {}", o.beta1));
+  note(r.invalid, unit(o.beta2), fmt::format("optimizer.beta2: must be in [0, 1), got {}", o.beta2));
+  r.update = [b1 = o.beta1, b2 = o.beta2](torch::Tensor& p, const torch::Tensor& g, std::vector<torch::Tensor>& slots,
+                                          std::int64_t, double lr, double wd) {
+    auto& m = slots[0];
+    if (wd != 0) p.mul_(1 - lr * wd);                        // decoupled weight decay
+    p.add_(m.mul(b1).add_(g, 1 - b1).sign_(), -lr);          // sign(b1 m + (1 - b1) g)
+    m.mul_(b2).add_(g, 1 - b2);                              // then the momentum, with b2
+  };
+  return rule(std::move(r));
+}
+
+Optimizer lamb(LambOptions o) {
+  UpdateRule r{.name = "lamb",
+               .identity = fmt::format("lamb(beta1={}, beta2={}, eps={})", o.beta1, o.beta2, o.eps),
+               .lr = o.lr,
+               .weight_decay = o.weight_decay,
+               .slots = {"exp_avg", "exp_avg_sq"}};
+  note(r.invalid, unit(o.beta1), fmt::format("optimizer.beta1: must be in [0, 1), got {}", o.beta1));
+  note(r.invalid, unit(o.beta2), fmt::format("optimizer.beta2: must be in [0, 1), got {}", o.beta2));
+  note(r.invalid, std::isfinite(o.eps) && o.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", o.eps));
+  r.update = [b1 = o.beta1, b2 = o.beta2, eps = o.eps](torch::Tensor& p, const torch::Tensor& g,
+                                                       std::vector<torch::Tensor>& slots, std::int64_t step, double lr,
+                                                       double wd) {
+    auto &m = slots[0], &v = slots[1];
+    m.mul_(b1).add_(g, 1 - b1);
+    v.mul_(b2).addcmul_(g, g, 1 - b2);
+    const double c1 = 1 - std::pow(b1, static_cast<double>(step)), c2 = 1 - std::pow(b2, static_cast<double>(step));
+    auto direction = (m / c1).div_((v / c2).sqrt_().add_(eps));
+    if (wd != 0) direction.add_(p, wd);
+    const double w = p.norm().item<double>(), d = direction.norm().item<double>();
+    const double trust = w > 0 && d > 0 ? w / d : 1.0;
+    p.add_(direction, -lr * trust);
+  };
+  return rule(std::move(r));
+}
+
+std::vector<std::string> rule_problems(const UpdateRule& r) {
+  std::vector<std::string> out;
+  if (!r.invalid.empty()) out.push_back(r.invalid);
+  if (r.name.empty()) out.emplace_back("optimizer: an update rule needs a name (its kind in states and checkpoints)");
+  if (r.identity.empty())
+    out.push_back(fmt::format("optimizer \"{}\": an update rule needs an identity naming every option that can change "
+                              "the bits (e.g. \"{}(beta=0.9)\"); run fingerprints hold it",
+                              r.name, r.name.empty() ? "mine" : r.name));
+  if (!r.update) out.push_back(fmt::format("optimizer \"{}\": an update rule needs an update function", r.name));
+  for (std::size_t i = 0; i < r.slots.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (r.slots[i] == r.slots[j]) out.push_back(fmt::format("optimizer \"{}\": slot \"{}\" is named twice", r.name, r.slots[i]));
+  if (r.slots.size() > 16) out.push_back(fmt::format("optimizer \"{}\": {} slots; at most 16", r.name, r.slots.size()));
+  return out;
+}
+
+void apply_rule(const UpdateRule& r, torch::Tensor& p, const torch::Tensor& grad, ParamState& st, double lr, double wd) {
+  const bool fresh = std::none_of(st.slots.begin(), st.slots.end(), [](const auto& t) { return t.defined(); });
+  if (fresh) {
+    if (r.init) {
+      st.slots = r.init(p);
+      if (st.slots.size() != r.slots.size())
+        throw std::invalid_argument(fmt::format("optimizer \"{}\": init made {} slots for {} names ({})", r.name,
+                                                st.slots.size(), r.slots.size(), fmt::join(r.slots, ", ")));
+    } else {
+      st.slots.clear();
+      for (std::size_t i = 0; i < r.slots.size(); ++i) st.slots.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    }
+  }
+  r.update(p, grad, st.slots, st.step, lr, wd);
+}
+
+}  // namespace baton::optim
