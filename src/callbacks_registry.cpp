@@ -10,10 +10,15 @@
 
 namespace baton::callbacks {
 
+const std::vector<std::string>& names() {
+  static const std::vector<std::string> all = {"train_monitor", "lr_monitor", "throughput", "memory_monitor",
+                                               "grad_norm_monitor", "nan_monitor", "early_stopping", "threshold_stop"};
+  return all;
+}
+
 Expected<Callback> from_name(const std::string& name, const Params& params) {
   detail::ParamReader r(params, "callbacks." + name);
-  const std::vector<std::string> known = {"train_monitor", "lr_monitor", "throughput", "memory_monitor",
-                                          "grad_norm_monitor", "nan_monitor", "early_stopping", "threshold_stop"};
+  const std::vector<std::string>& known = names();
   auto mode = [&](Mode fallback) {
     const auto s = r.text("mode");  // a value that is not a string is a problem already
     if (s == "max") return Mode::max;

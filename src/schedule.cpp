@@ -221,6 +221,25 @@ const std::vector<std::string>& names() {
   return all;
 }
 
+namespace {
+/// The keys every schedule of a file takes: `warmup` (and `warmup_from`) where `warmup_keys`, and `scale`.
+Schedule common_keys(Schedule s, detail::ParamReader& r, bool warmup_keys) {
+  if (warmup_keys) {
+    if (auto w = r.optional_time("warmup")) {
+      const double from = r.number("warmup_from", 0.0);
+      if (!(w->value > 0)) r.problem(fmt::format("schedule.warmup: must be more than zero, got \"{}\"", w->to_string()));
+      else s = linear_warmup(*w, std::move(s), from);
+    } else {
+      r.number("warmup_from", 0.0);
+    }
+  }
+  const double ratio = r.number("scale", 1.0);
+  if (!(ratio > 0) || !std::isfinite(ratio)) r.problem(fmt::format("schedule.scale: must be > 0, got {}", ratio));
+  else if (ratio != 1.0) s = scale(std::move(s), ratio);
+  return s;
+}
+}  // namespace
+
 Expected<Schedule> from_name(const std::string& name, const Params& params) {
   detail::ParamReader r(params, "schedule");
   auto positive = [&r](const char* key, double v) {
@@ -270,16 +289,14 @@ Expected<Schedule> from_name(const std::string& name, const Params& params) {
     return fail(ErrorCode::invalid_argument, fmt::format("unknown schedule \"{}\"{}; valid schedules: {}", name,
                                                          detail::did_you_mean(name, names()), fmt::join(names(), ", ")));
   }
-  if (name != "inverse_sqrt") {
-    if (auto w = r.optional_time("warmup")) {
-      const double from = r.number("warmup_from", 0.0);
-      s = linear_warmup(positive_time("warmup", *w), std::move(s), from);
-    } else {
-      r.number("warmup_from", 0.0);
-    }
-  }
-  const double ratio = positive("scale", r.number("scale", 1.0));
-  if (ratio != 1.0) s = scale(std::move(s), ratio);
+  s = common_keys(std::move(s), r, name != "inverse_sqrt");
+  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+  return s;
+}
+
+Expected<Schedule> with_common_keys(Schedule s, const Params& params) {
+  detail::ParamReader r(params, "schedule");
+  s = common_keys(std::move(s), r, true);
   if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
   return s;
 }

@@ -106,4 +106,9 @@ inline Output python(const std::filesystem::path& dir, const std::string& script
   return shell(fmt::format("cd {} && /usr/bin/python3 script.py {}", dir.string(), args));
 }
 
+#ifdef BATON_EXE
+/// The `baton` command of this build with `args`, through the shell.
+inline Output baton_cli(const std::string& args) { return shell(std::string(BATON_EXE) + " " + args); }
+#endif
+
 }  // namespace test

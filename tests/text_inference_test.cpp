@@ -12,11 +12,10 @@
 #include "process.hpp"
 
 namespace fs = std::filesystem;
+using test::baton_cli;
 using test::ok;
 
 namespace {
-test::Output baton_cli(const std::string& args) { return test::shell(std::string(BATON_EXE) + " " + args); }
-
 std::vector<baton::text::Record> records(std::int64_t n) {
   std::vector<baton::text::Record> out;
   for (std::int64_t i = 0; i < n; ++i)

@@ -14,11 +14,10 @@
 #include "process.hpp"
 
 namespace fs = std::filesystem;
+using test::baton_cli;
 using test::ok;
 
 namespace {
-test::Output baton_cli(const std::string& args) { return test::shell(std::string(BATON_EXE) + " " + args); }
-
 std::vector<baton::text::Record> mixed_records(std::int64_t n) {
   std::vector<baton::text::Record> out;
   const char* words[] = {"the cat", "a dog", "über Straße", "кошка", "naïve café", "  two spaces", "tab\there"};

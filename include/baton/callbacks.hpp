@@ -87,6 +87,8 @@ Callback threshold_stop(ThresholdOptions o);
 /// "max"), `patience`, `min_delta` for early_stopping; `metric`, `mode`, `threshold` (required)
 /// for threshold_stop. Unknown names or keys are errors listing the known ones.
 Expected<Callback> from_name(const std::string& name, const Params& params);
+/// Every name `from_name` accepts.
+const std::vector<std::string>& names();
 
 }  // namespace baton::callbacks
 

@@ -56,6 +56,21 @@ struct DatasetEntry {
   std::function<Expected<void>(const Params&, ModelCard&)> describe{};
 };
 
+/// An optimizer, schedule, algorithm or callback of yours that a file can name: the keys its
+/// table takes (any other is an error with a did-you-mean) and how to make it from them. Its
+/// errors are reported at the table's place in the file.
+///
+/// ```cpp
+/// registry.optimizers["signsgd"] = {.keys = {"lr"}, .make = [](const baton::Params& p) -> baton::Expected<baton::Optimizer> {
+///   ... return baton::optim::rule(rule); }};   // then: optimizer = { name = "signsgd", lr = 0.01 }
+/// ```
+template <class T>
+struct NamedEntry {
+  std::vector<std::string> keys{};
+  std::function<Expected<T>(const Params&)> make{};
+  std::string help{};  ///< one line for error messages and docs
+};
+
 /// The names a curriculum file may use for models and dataset kinds. Add your own and pass the
 /// registry to `load_curriculum` (or to `baton::cli::main`) to get the same CLI for your program.
 struct Registry {
@@ -63,6 +78,16 @@ struct Registry {
   std::map<std::string, DatasetEntry> datasets{};
   /// Metrics `[eval] metrics = [...]` may name besides the built-in ones (`metric::builtin`).
   std::map<std::string, Metric> metrics{};
+  /// `optimizer = { name = ... }` besides optim::names(); the table's `groups` stay baton's.
+  std::map<std::string, NamedEntry<Optimizer>> optimizers{};
+  /// `schedule = { name = ... }` besides schedule::names(); `warmup`, `warmup_from` and `scale`
+  /// stay baton's (schedule::with_common_keys), as for every schedule.
+  std::map<std::string, NamedEntry<Schedule>> schedules{};
+  /// `algorithms = { name = {...} }` besides the built-ins; they run after the built-ins in the
+  /// file's order unless `algorithms.order` says otherwise.
+  std::map<std::string, NamedEntry<Algorithm>> algorithms{};
+  /// `callbacks = { name = {...} }` besides callbacks::names().
+  std::map<std::string, NamedEntry<Callback>> callbacks{};
 
   /// Models `mlp` (widths) and `small_cnn` (channels1, channels2, hidden, classes, in_channels,
   /// image_size); datasets `fashion-mnist` (split, dir), `idx` (images, labels), `csv` (path,

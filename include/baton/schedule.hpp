@@ -101,6 +101,10 @@ Schedule scale(Schedule s, double ratio);
 Expected<Schedule> from_name(const std::string& name, const Params& params);
 /// Every name `from_name` accepts.
 const std::vector<std::string>& names();
+/// The keys every schedule of a file takes, applied to `s` (a schedule of your own, say): `warmup`
+/// (a time; with `warmup_from`, default 0) puts a linear warm-up in front, `scale` stretches it.
+/// Any other key is an error.
+Expected<Schedule> with_common_keys(Schedule s, const Params& params);
 }  // namespace schedule
 
 }  // namespace baton

@@ -11,6 +11,7 @@
 #include "baton/schedule.hpp"
 #include "suggest.hpp"
 #include "internal.hpp"
+#include "named.hpp"
 
 namespace baton {
 
@@ -216,7 +217,8 @@ void read_algorithms(const Impl& b, Reader& r, TrainingSpec& spec) {
       p.add(node, fmt::format("{}algorithms.{}: expected a table of options (e.g. {} = {{}})", r.path, name, name));
       continue;
     }
-    auto a = algorithms::from_name(name, detail::to_params(*opts, {}, r.path + "algorithms." + name, p));
+    auto a = detail::make_named("algorithm", b.doc->registry.algorithms, algorithms::default_order(), name,
+                                detail::to_params(*opts, {}, r.path + "algorithms." + name, p), algorithms::from_name);
     if (a) spec.algorithms.push_back(std::move(*a));
     else p.add(node, r.path + a.error().message);
   }
@@ -240,7 +242,8 @@ void read_callbacks(const Impl& b, Reader& r, TrainingSpec& spec) {
       p.add(&node, fmt::format("{}callbacks.{}: expected a table of options", r.path, name));
       continue;
     }
-    auto c = callbacks::from_name(name, detail::to_params(*opts, {}, r.path + "callbacks." + name, p));
+    auto c = detail::make_named("callback", b.doc->registry.callbacks, callbacks::names(), name,
+                                detail::to_params(*opts, {}, r.path + "callbacks." + name, p), callbacks::from_name);
     if (c) spec.callbacks.push_back(std::move(*c));
     else p.add(&node, r.path + c.error().message);
   }
@@ -314,8 +317,13 @@ void read_optimizer(const Impl& b, Reader& r, TrainingSpec& spec) {
     if (auto v = detail::to_param(*node)) params[k] = *v;
     else p.add(node, fmt::format("{}optimizer.{}: {} is not allowed here", r.path, k, detail::type_name(*node)));
   }
-  auto opt = optim::from_name(name.value_or("sgd"), params);
-  if (opt) spec.optimizer = opt->with_groups(std::move(groups));
+  auto opt = detail::make_named("optimizer", b.doc->registry.optimizers, optim::names(), name.value_or("sgd"), params,
+                                optim::from_name)
+                 .and_then([&](Optimizer o) -> Expected<Optimizer> {
+                   if (auto ok = o.validate(); !ok) return tl::unexpected(ok.error());
+                   return o.with_groups(std::move(groups));
+                 });
+  if (opt) spec.optimizer = std::move(*opt);
   else p.add(b.get("optimizer"), r.path + opt.error().message);
 }
 
@@ -328,7 +336,15 @@ void read_schedule(const Impl& b, Reader& r, TrainingSpec& spec) {
     if (auto v = detail::to_param(*node)) params[k] = *v;
     else p.add(node, fmt::format("{}schedule.{}: {} is not allowed here", r.path, k, detail::type_name(*node)));
   }
-  auto s = schedule::from_name(name.value_or("constant"), params);
+  // A schedule of the registry's takes the keys every schedule takes (warmup, scale) from baton.
+  const std::string n = name.value_or("constant");
+  const auto& mine = b.doc->registry.schedules;
+  Params common;
+  if (auto it = mine.find(n); it != mine.end())
+    for (const char* k : {"warmup", "warmup_from", "scale"})
+      if (params.count(k) && !detail::contains(it->second.keys, k)) common[k] = params.at(k), params.erase(k);
+  auto s = detail::make_named("schedule", mine, schedule::names(), n, params, schedule::from_name)
+               .and_then([&](Schedule made) { return schedule::with_common_keys(std::move(made), common); });
   if (s) spec.schedule = *s;
   else p.add(b.get("schedule"), r.path + s.error().message);
 }
