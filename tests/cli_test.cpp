@@ -152,7 +152,7 @@ TEST_CASE("[2ep] equals [1ep, 1ep] with the optimizer continued on the run clock
                                   << "[[stages]]\nname = \"first\"\nduration = \"1ep\"\n"
                                      "[[stages]]\nname = \"second\"\nduration = \"1ep\"\noptimizer_carry = \"keep\"\nclock = \"run\"\n";
   const auto one = run("run " + (dir / "one.toml").string() + " --run-dir " + (dir / "one").string());
-  const auto two = run("run " + (dir / "two.toml").string() + " --run-dir " + (dir / "two").string());
+  const auto two = run("run " + (dir / "two.toml").string() + " --dir " + (dir / "two").string());  // the alias
   INFO(one.out << "\n----\n" << two.out);
   REQUIRE(one.rc == 0);
   REQUIRE(two.rc == 0);

@@ -232,7 +232,7 @@ TEST_CASE("baton sweep --jobs 2 trains branches in processes and gives the bits 
   test::TempDir tmp;
   const fs::path file = tmp.path / "c.toml";
   std::ofstream(file) << kCurriculum << kTable;
-  const auto [one, rc1] = shell(fmt::format("{} sweep {} --set run.threads=1 --jobs 1 --dir {}", BATON_EXE, file.string(), (tmp.path / "one").string()));
+  const auto [one, rc1] = shell(fmt::format("{} sweep {} --set run.threads=1 --jobs 1 --run-dir {}", BATON_EXE, file.string(), (tmp.path / "one").string()));
   INFO(one);
   REQUIRE(rc1 == 0);
   const auto [two, rc2] = shell(fmt::format("{} sweep {} --set run.threads=2 --jobs 2 --dir {}", BATON_EXE, file.string(), (tmp.path / "two").string()));

@@ -5,7 +5,7 @@
 /// stages make a tree, one branch per leaf, named by its last stage (docs/curricula.md).
 ///
 /// ```cpp
-/// auto result = baton::run_tree("examples/fashion-suite.toml", {});
+/// auto result = baton::run_tree("examples/fashion_suite.toml", {});
 /// if (result) fmt::print("{}", result->table());
 /// ```
 ///

@@ -256,7 +256,7 @@ int main(int argc, char** argv, const Registry& registry) {
   auto* run_cmd = app.add_subcommand("run", "Train every stage of a curriculum, evaluate, write the run directory and its report.html");
   run_cmd->add_option("file", run_args.file, "Curriculum file (TOML)")->required()->check(CLI::ExistingFile);
   run_cmd->add_option("--set", run_args.sets, "Override a value: path=value, e.g. stage.main.optimizer.lr=1e-3");
-  run_cmd->add_option("--run-dir", run_args.run_dir, "Run directory (default: run.run_dir)");
+  run_cmd->add_option("--run-dir,--dir", run_args.run_dir, "Run directory (default: run.run_dir); --dir is an alias");
   run_cmd->add_flag("--fresh", run_args.fresh, "Start over: remove the run directory's checkpoints and metrics");
   auto* for_opt = run_cmd->add_option("--for", run_args.for_time,
                                       "Train this much more (e.g. 1ep, 0.5ep, 200ba), checkpoint and stop (exit 0); run again to go on");
@@ -289,7 +289,8 @@ int main(int argc, char** argv, const Registry& registry) {
   sweep_cmd->add_option("--grid", sweep_args.grid,
                         "An axis: path=[v1, v2, ...]; several make a product (default: the file's [sweep] table)");
   sweep_cmd->add_option("--set", sweep_args.sets, "Override a value for every point: path=value");
-  sweep_cmd->add_option("--dir", sweep_args.dir, "Sweep directory (default: the run directory + \"-sweep\")");
+  sweep_cmd->add_option("--run-dir,--dir", sweep_args.dir,
+                        "Sweep directory (default: the run directory + \"-sweep\"); --dir is an alias");
   sweep_cmd->add_option("--metric", sweep_args.metric, "set/metric that ranks the points (default: the accuracy of the first set the last stage evaluates)");
   sweep_cmd->add_flag("--minimize", sweep_args.minimize, "The best point has the smallest metric (e.g. a loss)");
   sweep_cmd->add_option("--jobs", sweep_args.jobs,

@@ -46,7 +46,7 @@ int sweep(const SweepArgs& a, const Registry& registry) {
   std::string again = a.program + " sweep " + a.file;
   for (const auto& g : a.grid) again += " --grid '" + g + "'";
   for (const auto& s : a.sets) again += " --set " + s;
-  if (!a.dir.empty()) again += " --dir " + a.dir;
+  if (!a.dir.empty()) again += " --run-dir " + a.dir;
   if (a.jobs > 0) again += fmt::format(" --jobs {}", a.jobs);
   if (r->interrupted) {
     fmt::print(stderr, "baton: sweep interrupted; every finished stage run is kept. Go on with: {}\n", again);
