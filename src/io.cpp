@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "baton/exit_codes.hpp"
 #include "detail.hpp"
 
 namespace baton::detail {
@@ -236,6 +238,22 @@ Expected<std::string> read_file(const std::filesystem::path& path, std::string_v
   std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return fail(ErrorCode::io, fmt::format("{}: cannot read the {}", path.string(), what));
   return out;
+}
+
+std::string exit_status_text(int status) {
+  if (WIFEXITED(status)) {
+    const int code = WEXITSTATUS(status);
+    const char* meaning = code == cli::exit_training_failed ? " (training failed)"
+                          : code == cli::exit_invalid_input ? " (invalid input)"
+                          : code == cli::exit_interrupted   ? " (interrupted)"
+                                                            : "";
+    return fmt::format("exit code {}{}", code, meaning);
+  }
+  if (WIFSIGNALED(status)) {
+    const char* name = ::sigabbrev_np(WTERMSIG(status));
+    return fmt::format("killed by signal {}{}", WTERMSIG(status), name ? fmt::format(" (SIG{})", name) : "");
+  }
+  return fmt::format("status {}", status);
 }
 
 }  // namespace baton::detail

@@ -1,8 +1,9 @@
 #pragma once
 // The one place baton writes files and hashes bytes: atomic writes (a temporary file beside the
 // target, fsync'ed, renamed over it, the directory fsync'ed; any failure, a full disk or the
-// file-size limit included, is an io error and leaves the previous file intact), SHA-256, and
-// the check of names that become part of a path (stage names, run names).
+// file-size limit included, is an io error and leaves the previous file intact), SHA-256, the
+// check of names that become part of a path (stage names, run names), and the words for a child
+// process's end (the launcher's ranks and a sweep's nodes).
 
 #include <array>
 #include <filesystem>
@@ -97,5 +98,9 @@ void check_written(const std::ostream& out, const std::filesystem::path& path, s
 
 /// The whole of `bytes` written to `path` through an AtomicFile; an io error on failure.
 Expected<void> write_file_atomic(const std::filesystem::path& path, std::string_view bytes, const std::string& label = "file");
+
+/// A child's wait status in words: "exit code 2 (invalid input)" for baton's own codes
+/// (exit_codes.hpp), "exit code 7", "killed by signal 9 (SIGKILL)".
+std::string exit_status_text(int status);
 
 }  // namespace baton::detail

@@ -2,6 +2,7 @@
 #include "launch.hpp"
 
 #include "baton/cli.hpp"
+#include "io.hpp"
 #include "train/signals.hpp"
 
 #include <arpa/inet.h>
@@ -53,15 +54,6 @@ int free_port() {
   return port;
 }
 
-std::string status_text(int status) {
-  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const char* name = ::sigabbrev_np(WTERMSIG(status));
-    return fmt::format("killed by signal {}{}", WTERMSIG(status), name ? fmt::format(" (SIG{})", name) : "");
-  }
-  return fmt::format("status {}", status);
-}
-
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
 }  // namespace
@@ -96,9 +88,9 @@ int exit_status(const std::vector<std::optional<int>>& statuses, std::optional<i
   if (first_failed) {
     std::vector<std::string> others;
     for (std::size_t r = 0; r < statuses.size(); ++r)
-      if (static_cast<int>(r) != *first_failed) others.push_back(fmt::format("rank {}: {}", r, status_text(*statuses[r])));
+      if (static_cast<int>(r) != *first_failed) others.push_back(fmt::format("rank {}: {}", r, detail::exit_status_text(*statuses[r])));
     fmt::print(stderr, "baton launch: rank {} failed ({}){}{}\n", *first_failed,
-               status_text(*statuses[static_cast<std::size_t>(*first_failed)]), others.empty() ? "" : "; ",
+               detail::exit_status_text(*statuses[static_cast<std::size_t>(*first_failed)]), others.empty() ? "" : "; ",
                fmt::join(others, ", "));
     const int st = *statuses[static_cast<std::size_t>(*first_failed)];
     return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
@@ -206,7 +198,7 @@ int launch(const LaunchOptions& o) {
       if (pick && !termed) {
         first_failed = pick;
         fmt::print(stderr, "baton launch: rank {} failed ({}); the other ranks get {:g} s to stop\n", *pick,
-                   status_text(*statuses[static_cast<std::size_t>(*pick)]),
+                   detail::exit_status_text(*statuses[static_cast<std::size_t>(*pick)]),
                    static_cast<double>(o.grace.count()) / 1000.0);
         std::fflush(stderr);
         term_at = SteadyClock::now() + o.grace;

@@ -20,17 +20,12 @@
 #include "baton/sweep.hpp"
 #include "internal.hpp"
 #include "run/run_lock.hpp"
+#include "io.hpp"
 #include "train/signals.hpp"
 
 namespace baton::detail {
 namespace {
 namespace fs = std::filesystem;
-
-std::string status_text(int status) {
-  if (WIFEXITED(status)) return fmt::format("exit {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("killed by signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
-  return fmt::format("status {}", status);
-}
 
 /// A node directory whose run another process still holds (a child of a sweep that was killed,
 /// still writing its checkpoint after its SIGTERM) is waited for, up to a minute; then the node's
@@ -140,7 +135,7 @@ Expected<bool> train_in_processes(const fs::path& file, const std::vector<SweepT
         failure = Error{ErrorCode::runtime,
                         fmt::format("sweep node {}: its process ended with {} (its messages are above); the other "
                                     "nodes were stopped with a checkpoint, run the sweep again to go on",
-                                    task.dir.string(), status_text(status)), {}};
+                                    task.dir.string(), exit_status_text(status)), {}};
         stop_all();
       }
       it = running.erase(it);
