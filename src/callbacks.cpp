@@ -13,6 +13,7 @@
 #include <fstream>
 #include <mutex>
 #include <ostream>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
@@ -23,6 +24,7 @@
 #include "baton/fit.hpp"
 #include "baton/spec.hpp"
 #include "baton/state.hpp"
+#include "detail.hpp"
 #include "horizon.hpp"
 #include "io.hpp"
 #include "metrics_log.hpp"
@@ -152,11 +154,12 @@ Callback grad_norm_monitor(MonitorOptions o) {
   auto norm = std::make_shared<double>(0.0);
   return monitor_checked({"grad_norm_monitor", [o, norm](const EventView& v) -> std::optional<std::string> {
             if (v.event == Event::after_backward && monitor_due(v, o.every)) {
-              torch::NoGradGuard no_grad;
-              double sq = 0;
+              // As the step computes it (clipping, the non-finite check): a tied weight once.
+              std::vector<torch::Tensor> grads;
+              std::set<const void*> seen;
               for (const auto& p : v.state.model.module->parameters())
-                if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
-              *norm = std::sqrt(sq);
+                if (p.grad().defined() && seen.insert(p.unsafeGetTensorImpl()).second) grads.push_back(p.grad());
+              *norm = detail::global_norm(grads);
             } else if (v.event == Event::batch_end && monitor_due(v, o.every)) {
               // The norm of this batch's gradients: a batch is due at all of its events.
               v.log->add("train/grad_norm", *norm);

@@ -4,6 +4,7 @@
 #include <exception>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <c10/util/Exception.h>
 #include <ATen/core/Generator.h>
@@ -116,6 +117,11 @@ class RngYield {
 
 /// A fresh CPU generator state seeded with `seed` (for init_state and the run's RNG stream).
 torch::Tensor seeded_rng_state(std::uint64_t seed);
+
+/// The global L2 norm of `grads` (the norm of their norms, as torch's clip_grad_norm_); 0 for
+/// none. The one computation behind clipping by norm, the non-finite check and
+/// grad_norm_monitor (train/step.cpp).
+double global_norm(const std::vector<torch::Tensor>& grads);
 
 /// SplitMix64 step: the mixing function used for all seeds derived by baton.
 constexpr std::uint64_t splitmix64(std::uint64_t& x) {

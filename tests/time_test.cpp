@@ -173,6 +173,15 @@ TEST_CASE("the grad norm monitor logs the norm of the batch it logs at", "[callb
   REQUIRE(each_batches == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
   REQUIRE(third_batches == std::vector<std::int64_t>{3, 6, 9});
   CHECK(third == std::vector<double>{each[2], each[5], each[8]});
+  // The monitor's norm is the step's own (the one clipping reads), bit for bit.
+  auto logged = std::make_shared<TimeTestKeyBatches>();
+  const auto clipped = test::ok(baton::fit(test::spec(data, Time::batches(4))
+                                               .with_clip_grad_norm(1e9)
+                                               .with_callbacks({cb::grad_norm_monitor({.every = 1})})
+                                               .with_loggers({logged}),
+                                           test::new_state()));
+  REQUIRE(logged->values["train/grad_norm"].size() == 4);
+  CHECK(logged->values["train/grad_norm"].back() == clipped.history.back().last_grad_norm);
 }
 
 TEST_CASE("a monitor's every that is not more than zero, or not a count, fails the fit before it trains", "[callbacks]") {

@@ -120,11 +120,10 @@ StepOutput forward_backward(const TrainingSpec& spec, TrainState& s, std::vector
 double checked_norm(const TrainingSpec& spec, const std::vector<Slot>& slots, double clip_norm) {
   if (spec.on_non_finite == NonFinite::error && !spec.clip_grad_norm) return 0.0;
   if (spec.clip_grad_norm) return clip_norm;
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> norms;
+  std::vector<torch::Tensor> grads;
   for (const auto& sl : slots)
-    if (sl.param.grad().defined()) norms.push_back(sl.param.grad().norm(2));
-  return norms.empty() ? 0.0 : torch::stack(norms).norm(2).item<double>();
+    if (sl.param.grad().defined()) grads.push_back(sl.param.grad());
+  return global_norm(grads);
 }
 }  // namespace
 
@@ -187,10 +186,7 @@ double clip_gradients(const TrainingSpec& spec, std::vector<Slot>& slots) {
     if (sl.param.grad().defined()) grads.push_back(sl.param.grad());
   double total = 0.0;
   if (spec.clip_grad_norm && !grads.empty()) {
-    std::vector<torch::Tensor> norms;
-    norms.reserve(grads.size());
-    for (const auto& g : grads) norms.push_back(g.norm(2));
-    total = torch::stack(norms).norm(2).item<double>();
+    total = global_norm(grads);
     const double coef = *spec.clip_grad_norm / (total + 1e-6);
     if (coef < 1.0)
       for (auto& g : grads) g.mul_(coef);
@@ -198,6 +194,15 @@ double clip_gradients(const TrainingSpec& spec, std::vector<Slot>& slots) {
   if (spec.clip_grad_value)
     for (auto& g : grads) g.clamp_(-*spec.clip_grad_value, *spec.clip_grad_value);
   return total;
+}
+
+double global_norm(const std::vector<torch::Tensor>& grads) {
+  if (grads.empty()) return 0.0;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& g : grads) norms.push_back(g.norm(2));
+  return torch::stack(norms).norm(2).item<double>();
 }
 
 }  // namespace baton::detail
