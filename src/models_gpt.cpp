@@ -98,6 +98,11 @@ struct GptImpl : nn::Module {
     for (const auto& block : *h) y = block->as<Block>()->forward(y);
     y = ln_f(y);
     if (o.classes == 0) return torch::matmul(y, wte->weight.t());  // tied: the embedding reads out
+    if (o.pool == "mean") {  // over the positions that are not padding (none: zeros)
+      if (o.pad < 0) return head(y.mean(1));
+      const auto keep = x.ne(o.pad).unsqueeze(2).to(y.scalar_type());
+      return head((y * keep).sum(1) / keep.sum(1).clamp_min(1.0));
+    }
     // The last position that is not padding (position 0 for a sequence of padding only).
     const auto positions = pos.unsqueeze(0).expand_as(x);
     const auto last = o.pad < 0 ? torch::full({x.size(0)}, T - 1, positions.options())
@@ -140,9 +145,12 @@ TORCH_MODULE(Gpt);
 ModelFactory gpt(GptOptions o) {
   // The keys Registry::builtin's "gpt" reads (src/hparams/registry.cpp).
   auto whole = [](std::int64_t v) { return static_cast<double>(v); };
-  const Params params = {{"vocab", whole(o.vocab)},     {"block_size", whole(o.block_size)}, {"n_layer", whole(o.n_layer)},
+  Params params = {{"vocab", whole(o.vocab)},     {"block_size", whole(o.block_size)}, {"n_layer", whole(o.n_layer)},
                          {"n_head", whole(o.n_head)},   {"n_embd", whole(o.n_embd)},         {"dropout", o.dropout},
                          {"classes", whole(o.classes)}, {"pad", whole(o.pad)}};
+  // Only where it differs from the default, so that the classifiers of earlier versions (all
+  // "last") keep their fingerprints and cards.
+  if (o.pool != "last") params["pool"] = o.pool;
   return named("gpt", params, model_factory([o] { return Gpt(o); }));
 }
 

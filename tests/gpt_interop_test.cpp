@@ -35,14 +35,14 @@ test::Output check_in_python(const baton::models::GptOptions& o, const fs::path&
   const auto logits = state.model.forward(x);
   REQUIRE(baton::save_state_dict(baton::StateDict{{"x", x.contiguous()}, {"logits", logits.contiguous()}}, dir / "io.pt"));
   std::ofstream(dir / "options.json") << fmt::format(
-      R"({{"vocab": {}, "block_size": {}, "n_layer": {}, "n_head": {}, "n_embd": {}, "dropout": {}, "classes": {}, "pad": {}}})",
-      o.vocab, o.block_size, o.n_layer, o.n_head, o.n_embd, o.dropout, o.classes, o.pad);
+      R"({{"vocab": {}, "block_size": {}, "n_layer": {}, "n_head": {}, "n_embd": {}, "dropout": {}, "classes": {}, "pad": {}, "pool": "{}"}})",
+      o.vocab, o.block_size, o.n_layer, o.n_head, o.n_embd, o.dropout, o.classes, o.pad, o.pool);
   const auto script = fs::path(BATON_SOURCE_DIR) / "tests" / "python" / "check_gpt.py";
   return test::shell(fmt::format("cd {} && /usr/bin/python3 {} weights.pt io.pt options.json", dir.string(), script.string()));
 }
 }  // namespace
 
-TEST_CASE("gpt export: Python's torch.nn GPT loads it strictly and gives baton's logits (language model and classifier)",
+TEST_CASE("gpt export: Python's torch.nn GPT loads it strictly and gives baton's logits (language model, classifier by last or mean)",
           "[text][gpt][interop]") {
   const auto probe = test::shell("/usr/bin/python3 -c 'import torch'");
   REQUIRE(probe.rc == 0);  // python3-torch: scripts/common.sh installs it
@@ -58,4 +58,9 @@ TEST_CASE("gpt export: Python's torch.nn GPT loads it strictly and gives baton's
   INFO(b.out);
   CHECK(b.rc == 0);
   CHECK_THAT(b.out, Catch::Contains("max abs difference"));
+  classifier.pool = "mean";
+  const auto c = check_in_python(classifier, dir.path);
+  INFO(c.out);
+  CHECK(c.rc == 0);
+  CHECK_THAT(c.out, Catch::Contains("max abs difference"));
 }

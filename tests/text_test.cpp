@@ -182,6 +182,18 @@ TEST_CASE("gpt classifier: padding after a text changes no logit (causal attenti
   // masked out of every earlier position's attention).
   CHECK(torch::allclose(a, b, 1e-5, 1e-6));
   CHECK_FALSE(a.equal(state.model.forward(torch::tensor({{72, 105, 34, 257}}, torch::kLong))));
+  // Mean pooling reads every position that is not padding: the same holds, and an earlier token counts.
+  auto mean_options = tiny_gpt(3);
+  mean_options.pool = "mean";
+  auto mean = ok(baton::init_state(baton::models::gpt(mean_options), {.seed = 5}));
+  mean.model.module->eval();
+  const auto m = mean.model.forward(text);
+  CHECK(torch::allclose(m, mean.model.forward(shorter), 1e-5, 1e-6));
+  CHECK_FALSE(torch::allclose(m, a, 1e-5, 1e-6));
+  CHECK_FALSE(torch::allclose(m, mean.model.forward(torch::tensor({{73, 105, 33, 257}}, torch::kLong)), 1e-5, 1e-6));
+  const auto bad_pool = baton::Registry::builtin().models.at("gpt").make({{"classes", 3.0}, {"pool", std::string("max")}});
+  REQUIRE_FALSE(bad_pool);
+  CHECK_THAT(bad_pool.error().message, Catch::Contains("model.pool: \"max\" is not \"last\" or \"mean\""));
   // A sequence longer than block_size is a clear error of the forward, caught by train_step.
   auto spec = lm_spec(ok(baton::text::lm_windows(some_records(50), {.block_size = 16})), baton::Time::batches(1));
   auto long_batch = baton::Batch{torch::zeros({2, 17}, torch::kLong), torch::zeros({2, 17}, torch::kLong)};

@@ -11,7 +11,7 @@
 
 The options are the `[model]` keys of the curriculum (docs/language-models.md). `classes > 0`
 builds the classifier of a fine-tune stage: the same trunk, and a `head` reading the last
-position that is not `pad`. The arithmetic follows the C++ module op for op (exact GELU,
+position that is not `pad` (`pool="last"`) or the mean over those positions (`pool="mean"`). The arithmetic follows the C++ module op for op (exact GELU,
 LayerNorm eps 1e-5, a causal mask applied before the softmax), so logits agree to float
 rounding; tests/python/check_gpt.py checks that on every CI run.
 """
@@ -65,9 +65,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab=258, block_size=128, n_layer=4, n_head=4, n_embd=128, dropout=0.0, classes=0, pad=257):
+    def __init__(self, vocab=258, block_size=128, n_layer=4, n_head=4, n_embd=128, dropout=0.0, classes=0, pad=257,
+                 pool="last"):
         super().__init__()
-        self.block_size, self.p, self.classes, self.pad = block_size, dropout, classes, pad
+        if pool not in ("last", "mean"):
+            raise ValueError(f'pool must be "last" or "mean", got {pool!r}')
+        self.block_size, self.p, self.classes, self.pad, self.pool = block_size, dropout, classes, pad, pool
         self.wte = nn.Embedding(vocab, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.h = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
@@ -86,6 +89,11 @@ class GPT(nn.Module):
         y = self.ln_f(y)
         if self.classes == 0:
             return torch.matmul(y, self.wte.weight.t())  # tied read-out
+        if self.pool == "mean":  # over the positions that are not padding (none: zeros)
+            if self.pad < 0:
+                return self.head(y.mean(1))
+            keep = x.ne(self.pad).unsqueeze(2).to(y.dtype)
+            return self.head((y * keep).sum(1) / keep.sum(1).clamp_min(1.0))
         positions = pos.unsqueeze(0).expand_as(x)
         if self.pad < 0:
             last = torch.full((x.size(0),), T - 1, dtype=torch.long, device=x.device)

@@ -105,11 +105,15 @@ struct GptOptions {
   std::int64_t n_embd = 128;       ///< divisible by n_head
   double dropout = 0.0;            ///< on embeddings, attention weights and residual branches
   /// 0: a language model, logits [B, T, vocab] from the token embedding (weight tying: one
-  /// tensor, one optimizer slot). > 0: a classifier, logits [B, classes] from the last position
-  /// that is not `pad`, by a new `head` over the same trunk (same parameter names), so a
+  /// tensor, one optimizer slot). > 0: a classifier, logits [B, classes] from the positions
+  /// `pool` says, by a new `head` over the same trunk (same parameter names), so a
   /// fine-tune stage transfers the pretrained trunk (`[stages.model] carry = "transfer"`).
   std::int64_t classes = 0;
   std::int64_t pad = 257;          ///< the padding token a classifier looks past (-1: none)
+  /// What a classifier's head reads: "last", the last position that is not `pad` (as GPT-2's
+  /// sequence classifier), or "mean", the mean over the positions that are not `pad` (every
+  /// token's contextual features; padding then changes the logits only by float rounding).
+  std::string pool = "last";
 };
 
 /// Token and position embeddings, `n_layer` pre-LayerNorm blocks of causal self-attention and a

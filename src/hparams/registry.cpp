@@ -88,7 +88,10 @@ Expected<ModelFactory> make_gpt(const Params& p) {
   o.n_layer = rd.whole("n_layer", o.n_layer, 1, 1000), o.n_head = rd.whole("n_head", o.n_head, 1, 4096);
   o.n_embd = rd.whole("n_embd", o.n_embd, 1, big), o.dropout = rd.number("dropout", o.dropout);
   o.classes = rd.whole("classes", o.classes, 0, big), o.pad = rd.whole("pad", o.pad, -1, big);
+  o.pool = rd.text("pool", o.pool);
   if (auto ok = rd.finish(); !ok) return tl::unexpected(ok.error());
+  if (o.pool != "last" && o.pool != "mean")
+    return fail(ErrorCode::invalid_argument, fmt::format("model.pool: \"{}\" is not \"last\" or \"mean\"", o.pool));
   if (o.n_embd % o.n_head != 0)
     return fail(ErrorCode::invalid_argument, fmt::format("model.n_embd: {} is not divisible by n_head = {}", o.n_embd, o.n_head));
   if (!(o.dropout >= 0 && o.dropout < 1))
@@ -275,8 +278,9 @@ Registry Registry::builtin() {
   r.models["small_cnn"] = ModelEntry{{"channels1", "channels2", "hidden", "classes", "in_channels", "image_size", "dropout"},
                                      make_small_cnn,
                                      "small_cnn: channels1, channels2, hidden, classes, in_channels, image_size, dropout"};
-  r.models["gpt"] = ModelEntry{{"vocab", "block_size", "n_layer", "n_head", "n_embd", "dropout", "classes", "pad"}, make_gpt,
-                               "gpt: vocab, block_size, n_layer, n_head, n_embd, dropout, classes (0: language model), pad"};
+  r.models["gpt"] = ModelEntry{{"vocab", "block_size", "n_layer", "n_head", "n_embd", "dropout", "classes", "pad", "pool"}, make_gpt,
+                               "gpt: vocab, block_size, n_layer, n_head, n_embd, dropout, classes (0: language model), pad, "
+                               "pool = \"last\" | \"mean\" (what a classifier reads)"};
   r.datasets["fortunes_lm"] = DatasetEntry{{"dir", "languages", "topics", "part", "val", "test", "skip_undecodable", "block_size",
                                             "tokenizer"},
                                            load_fortunes_lm,
