@@ -9,6 +9,8 @@
 // case:
 //
 //   <case> baton_samples_per_s=<x> handwritten_samples_per_s=<y> ratio=<x/y> peak_rss_mb=<z>
+//   sam ... ratio=<x/y>                   the mlp with SAM (rho 0.05, two passes a step) on both
+//                                         sides: baton's algorithms::sam against SAM written out
 //   cnn_channels_last ... speedup=<x/y>   memory_format channels_last
 //   cnn_bf16 ... speedup=<x/y>            channels_last with bf16 autocast
 //   cnn_bf16_nchw ... speedup=<x/y>       bf16 autocast in NCHW (which layout bf16 wants)
@@ -143,7 +145,7 @@ void usage(std::FILE* f) {
 
 std::optional<Options> parse_args(int argc, char** argv) {
   Options o;
-  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16", "cnn_bf16_nchw", "cnn_loaded", "stream_shards", "image_folder"};
+  const std::vector<std::string> known = {"cnn", "mlp", "tiny", "sam", "many_fits", "naive_cnn", "cnn_channels_last", "cnn_bf16", "cnn_bf16_nchw", "cnn_loaded", "stream_shards", "image_folder"};
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::optional<std::string> {
@@ -280,13 +282,15 @@ class BatonSide {
 /// cross_entropy, zero_grad, backward, step. No loss.item() (see the file comment).
 class Handwritten {
  public:
-  Handwritten(baton::Model model, const baton::Dataset& data, std::int64_t batch)
+  /// `sam_rho` > 0: SAM's two passes per step, written out (the `sam` case).
+  Handwritten(baton::Model model, const baton::Dataset& data, std::int64_t batch, double sam_rho = 0)
       : model_(std::move(model)),
         inputs_(data.inputs),
         targets_(data.targets),
         n_(data.size()),
         batch_(batch),
-        optimizer_(model_.module->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum)) {
+        optimizer_(model_.module->parameters(), torch::optim::SGDOptions(kLr).momentum(kMomentum)),
+        sam_rho_(sam_rho) {
     model_.module->train(true);
     model_.module->to(g_device);
   }
@@ -311,6 +315,7 @@ class Handwritten {
       const auto loss = torch::nn::functional::cross_entropy(out, y);
       optimizer_.zero_grad();
       loss.backward();
+      if (sam_rho_ > 0) sam_second_pass(x, y);
       optimizer_.step();
       pos_ += take;
       seen += take;
@@ -322,10 +327,28 @@ class Handwritten {
   [[nodiscard]] const baton::Model& model() const { return model_; }
 
  private:
+  /// SAM (Foret et al. 2021), as the reference implementations write it: up the gradient by
+  /// rho / ||g||, the gradient there, the weights back.
+  void sam_second_pass(const torch::Tensor& x, const torch::Tensor& y) {
+    auto params = model_.module->parameters();
+    std::vector<torch::Tensor> saved, norms;
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : params) norms.push_back(p.grad().norm(2));
+      const double scale = sam_rho_ / (torch::stack(norms).norm(2).item<double>() + 1e-12);
+      for (auto& p : params) saved.push_back(p.clone()), p.add_(p.grad() * scale);
+    }
+    optimizer_.zero_grad();
+    torch::nn::functional::cross_entropy(model_.forward(x), y).backward();
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(saved[i]);
+  }
+
   baton::Model model_;
   torch::Tensor inputs_, targets_;
   std::int64_t n_, batch_;
   torch::optim::SGD optimizer_;
+  double sam_rho_;
   torch::Tensor order_;
   std::int64_t epoch_ = 0, pos_ = 0;
 };
@@ -355,6 +378,7 @@ struct PairCase {
   std::function<baton::TrainingSpec(baton::TrainingSpec)> tune = {};
   /// The line says speedup= (what baton's setting buys) instead of ratio= (baton's overhead).
   bool speedup = false;
+  double sam_rho = 0;  ///< > 0: both sides train with SAM (baton: algorithms::sam)
 };
 
 struct Settings {
@@ -375,8 +399,9 @@ void run_pair_case(const PairCase& c, const baton::Dataset& data, const Settings
   baton::TrainState copy = state;  // deep copy: the hand-written side starts from the same weights
   baton::TrainingSpec spec = make_spec(c.name, data, c.batch);
   if (c.tune) spec = c.tune(std::move(spec));
+  if (c.sam_rho > 0) spec = spec.with_algorithms({baton::algorithms::sam({.rho = c.sam_rho})});
   BatonSide bat(std::move(spec), std::move(state));
-  Handwritten hand(std::move(copy.model), data, c.batch);
+  Handwritten hand(std::move(copy.model), data, c.batch, c.sam_rho);
 
   bat.train(s.warmup);
   hand.train(s.warmup);
@@ -752,6 +777,7 @@ int main(int argc, char** argv) {
   const std::vector<PairCase> cases = {
       {"tiny", baton::models::mlp({784, 32, 10}), 32, 3000, 50},
       {"mlp", baton::models::mlp({784, 256, 128, 10}), 128, 500, 10},
+      {"sam", baton::models::mlp({784, 256, 128, 10}), 128, 250, 10, {}, false, 0.05},
   };
   for (const auto& c : cases)
     if (wanted(c.name)) run_pair_case(c, data, settings);

@@ -2,6 +2,7 @@
 #include "baton/algorithms.hpp"
 
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (in <fmt/format.h> only before fmt 11)
@@ -299,79 +300,110 @@ Algorithm layer_freezing(std::vector<FreezeRule> rules) {
   return check.done(std::move(a));
 }
 
+Algorithm sam(SamOptions o) {
+  Checks check;
+  check(std::isfinite(o.rho) && o.rho > 0, fmt::format("sam.rho: must be a positive number, got {}", o.rho));
+  Algorithm a{.name = "sam", .identity = fmt::format("sam(rho={}, adaptive={})", o.rho, o.adaptive)};
+  a.gradient = [o](const AlgorithmContext&, const std::vector<torch::Tensor>& params, const GradientFn& gradient) {
+    const GradientResult first = gradient();
+    if (!first.usable) return first;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> saved;  // (parameter, its weights before the step up)
+    {
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> scaled;
+      for (const auto& p : params)
+        if (p.grad().defined()) scaled.push_back(o.adaptive ? p.abs() * p.grad() : p.grad());
+      if (scaled.empty()) return first;
+      const double scale = o.rho / (detail::global_norm(scaled) + 1e-12);
+      for (const auto& p : params) {
+        if (!p.grad().defined()) continue;
+        saved.emplace_back(p, p.clone());
+        const_cast<torch::Tensor&>(p).add_(o.adaptive ? p * p * p.grad() * scale : p.grad() * scale);
+      }
+    }
+    const GradientResult second = gradient();
+    torch::NoGradGuard no_grad;
+    for (auto& [p, w] : saved) p.copy_(w);
+    return GradientResult{first.loss, second.usable};
+  };
+  return check.done(std::move(a));
+}
+
 const std::vector<std::string>& default_order() {
   static const std::vector<std::string> order = {"random_crop_flip", "progressive_resizing", "seq_length_warmup", "cutout", "mixup", "cutmix",
-                                                 "label_smoothing", "layer_freezing", "ema", "swa"};
+                                                 "label_smoothing", "layer_freezing", "sam", "ema", "swa"};
   return order;
 }
 
+namespace {
+using Reader = detail::ParamReader;
+/// A whole number read from `r` (its key is an error otherwise).
+std::int64_t whole(Reader& r, const std::string& name, const std::string& key, std::int64_t fallback) {
+  const double v = r.number(key, static_cast<double>(fallback));
+  if (v != std::floor(v)) r.problem(fmt::format("algorithms.{}.{}: expected a whole number, got {}", name, key, v));
+  return static_cast<std::int64_t>(v);
+}
+
+/// layer_freezing = { "conv1.*" = 0.3, "conv2.*" = 0.6 }: pattern = fraction of the stage.
+Algorithm freezing_from(Reader& r, const Params& params) {
+  std::vector<FreezeRule> rules;
+  for (const auto& [pattern, value] : params) {
+    if (const auto* v = std::get_if<double>(&value)) rules.push_back({pattern, *v});
+    else r.problem(fmt::format("algorithms.layer_freezing.{}: expected the fraction of the stage after which "
+                               "\"{}\" freezes (a number in [0, 1])", pattern, pattern));
+    r.seen(pattern);
+  }
+  return layer_freezing(std::move(rules));
+}
+
+/// Each built-in's options from its TOML keys (docs/config.md), by name.
+using Maker = Algorithm (*)(Reader&, const Params&);
+const std::map<std::string, Maker>& makers() {
+  static const std::map<std::string, Maker> table = {
+      {"label_smoothing", [](Reader& r, const Params&) { return label_smoothing({.smoothing = r.number("smoothing", 0.1)}); }},
+      {"mixup", [](Reader& r, const Params&) { return mixup({.alpha = r.number("alpha", 0.2)}); }},
+      {"cutmix", [](Reader& r, const Params&) { return cutmix({.alpha = r.number("alpha", 1.0)}); }},
+      {"cutout", [](Reader& r, const Params&) { return cutout({.size = whole(r, "cutout", "size", 8)}); }},
+      {"random_crop_flip",
+       [](Reader& r, const Params&) {
+         return random_crop_flip({.padding = whole(r, "random_crop_flip", "padding", 4), .flip = r.number("flip", 0.5)});
+       }},
+      {"progressive_resizing",
+       [](Reader& r, const Params&) {
+         return progressive_resizing({.initial_scale = r.number("initial_scale", 0.5),
+                                      .finetune_fraction = r.number("finetune_fraction", 0.2),
+                                      .size_increment = whole(r, "progressive_resizing", "size_increment", 4)});
+       }},
+      {"seq_length_warmup",
+       [](Reader& r, const Params&) {
+         return seq_length_warmup({.min_length = whole(r, "seq_length_warmup", "min_length", 8),
+                                   .duration = r.number("duration", 0.3), .step = whole(r, "seq_length_warmup", "step", 8)});
+       }},
+      {"ema", [](Reader& r, const Params&) { return ema({.decay = r.number("decay", 0.999)}); }},
+      {"swa",
+       [](Reader& r, const Params&) {
+         return swa({.start = r.number("start", 0.75), .every = whole(r, "swa", "every", 1),
+                     .apply_at_end = r.flag("apply_at_end", true)});
+       }},
+      {"layer_freezing", freezing_from},
+      {"sam", [](Reader& r, const Params&) { return sam({.rho = r.number("rho", 0.05), .adaptive = r.flag("adaptive", false)}); }},
+  };
+  return table;
+}
+}  // namespace
+
 Expected<Algorithm> from_name(const std::string& name, const Params& params) {
   return detail::guard([&]() -> Expected<Algorithm> {
-    detail::ParamReader r(params, fmt::format("algorithms.{}", name));
-    std::optional<Algorithm> out;
-    auto integer = [&](const std::string& key, std::int64_t fallback) {
-      const double v = r.number(key, static_cast<double>(fallback));
-      if (v != std::floor(v)) r.problem(fmt::format("algorithms.{}.{}: expected a whole number, got {}", name, key, v));
-      return static_cast<std::int64_t>(v);
-    };
-    if (name == "label_smoothing") {
-      const LabelSmoothingOptions o{.smoothing = r.number("smoothing", 0.1)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = label_smoothing(o);
-    } else if (name == "mixup") {
-      const MixUpOptions o{.alpha = r.number("alpha", 0.2)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = mixup(o);
-    } else if (name == "cutmix") {
-      const CutMixOptions o{.alpha = r.number("alpha", 1.0)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = cutmix(o);
-    } else if (name == "cutout") {
-      const CutOutOptions o{.size = integer("size", 8)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = cutout(o);
-    } else if (name == "random_crop_flip") {
-      const RandomCropFlipOptions o{.padding = integer("padding", 4), .flip = r.number("flip", 0.5)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = random_crop_flip(o);
-    } else if (name == "progressive_resizing") {
-      const ProgressiveResizingOptions o{.initial_scale = r.number("initial_scale", 0.5),
-                                         .finetune_fraction = r.number("finetune_fraction", 0.2),
-                                         .size_increment = integer("size_increment", 4)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = progressive_resizing(o);
-    } else if (name == "seq_length_warmup") {
-      const SeqLengthWarmupOptions o{.min_length = integer("min_length", 8), .duration = r.number("duration", 0.3),
-                                     .step = integer("step", 8)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = seq_length_warmup(o);
-    } else if (name == "ema") {
-      const EmaOptions o{.decay = r.number("decay", 0.999)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = ema(o);
-    } else if (name == "swa") {
-      const SwaOptions o{.start = r.number("start", 0.75), .every = integer("every", 1),
-                         .apply_at_end = r.flag("apply_at_end", true)};
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = swa(o);
-    } else if (name == "layer_freezing") {
-      // layer_freezing = { "conv1.*" = 0.3, "conv2.*" = 0.6 }: pattern = fraction of the stage
-      std::vector<FreezeRule> rules;
-      for (const auto& [pattern, value] : params) {
-        if (const auto* v = std::get_if<double>(&value)) rules.push_back({pattern, *v});
-        else r.problem(fmt::format("algorithms.layer_freezing.{}: expected the fraction of the stage after which "
-                                   "\"{}\" freezes (a number in [0, 1])", pattern, pattern));
-        r.seen(pattern);
-      }
-      if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
-      out = layer_freezing(std::move(rules));
-    } else {
+    const auto maker = makers().find(name);
+    if (maker == makers().end())
       return fail(ErrorCode::invalid_argument,
                   fmt::format("algorithms: unknown algorithm \"{}\"{}; known: {}", name,
                               detail::did_you_mean(name, default_order()), fmt::join(default_order(), ", ")));
-    }
-    if (!out->invalid.empty()) return fail(ErrorCode::invalid_argument, out->invalid);
-    return std::move(*out);
+    Reader r(params, fmt::format("algorithms.{}", name));
+    Algorithm out = maker->second(r, params);
+    if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+    if (!out.invalid.empty()) return fail(ErrorCode::invalid_argument, out.invalid);
+    return out;
   });
 }
 

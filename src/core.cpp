@@ -411,6 +411,10 @@ Expected<void> TrainingSpec::validate() const {
     for (std::size_t j = 0; j < i; ++j)
       if (!algorithms[i].name.empty() && algorithms[j].name == algorithms[i].name)
         problems.push_back(fmt::format("algorithms[{}]: \"{}\" is listed twice (its memory is kept by name)", i, algorithms[i].name));
+    for (std::size_t j = 0; j < i; ++j)
+      if (algorithms[i].gradient && algorithms[j].gradient)
+        problems.push_back(fmt::format("algorithms[{}] ({}) and algorithms[{}] ({}) both take over the step's gradient "
+                                       "(Algorithm::gradient); at most one may", j, algorithms[j].name, i, algorithms[i].name));
   }
   for (std::size_t i = 0; i < callbacks.size(); ++i)
   {

@@ -313,6 +313,65 @@ TEST_CASE("2 ranks: token cross-entropy weighs each rank by its real tokens, as 
   CHECK(wrong > 1e-4);
 }
 
+TEST_CASE("2 ranks: SAM equals a two-pass data-parallel SAM loop written by hand, bit for bit", "[distributed][sam]") {
+  // Each pass's gradient is the global batch's: both passes all-reduce (the step up the gradient
+  // uses the global gradient's norm). By hand: each rank's shard, its loss weighted by its share,
+  // one all-reduce per pass, torch::optim::SGD.
+  const auto data = test::blobs(256);
+  const double rho = 0.05;
+  const baton::TrainingSpec spec{.data = {.train = data, .batch_size = 32, .shuffle = false},
+                                 .optimizer = baton::optim::sgd({.lr = 0.1, .momentum = 0.9}),
+                                 .algorithms = {baton::algorithms::sam({.rho = rho})},
+                                 .duration = baton::Time::batches(8)};
+  const auto init = state_of(plain_mlp());
+  using Pair = std::pair<baton::TrainState, baton::TrainState>;
+  auto results = on_ranks<Pair>(2, [&](int, std::shared_ptr<const baton::Distributed> g) -> baton::Expected<Pair> {
+    auto ours = baton::fit(spec.with_distributed(g), init);
+    if (!ours) return tl::unexpected(ours.error());
+    baton::TrainState ref = init;
+    auto params = ref.model.module->parameters();
+    torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+    const auto [at, size] = g->shard(32);
+    const double weight = static_cast<double>(size) / 32.0;
+    auto gradient = [&](const torch::Tensor& x, const torch::Tensor& y) {
+      for (auto& p : params) p.mutable_grad().reset();
+      auto loss = torch::nn::functional::cross_entropy(ref.model.forward(x), y);
+      (loss * weight).backward();
+      std::vector<torch::Tensor> grads;
+      for (auto& p : params) grads.push_back(p.grad());
+      return g->all_reduce(grads, baton::Distributed::Op::sum, "by hand");
+    };
+    for (std::int64_t step = 0; step < 8; ++step) {
+      const auto x = data.inputs.narrow(0, step * 32 + at, size), y = data.targets.narrow(0, step * 32 + at, size);
+      if (auto ok = gradient(x, y); !ok) return tl::unexpected(ok.error());
+      std::vector<torch::Tensor> saved, norms;
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : params) norms.push_back(p.grad().norm(2));
+        const double scale = rho / (torch::stack(norms).norm(2).item<double>() + 1e-12);
+        for (auto& p : params) saved.push_back(p.clone()), p.add_(p.grad() * scale);
+      }
+      if (auto ok = gradient(x, y); !ok) return tl::unexpected(ok.error());
+      {
+        torch::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(saved[i]);
+      }
+      opt.step();
+    }
+    return Pair{std::move(*ours), std::move(ref)};
+  });
+  const auto r0 = ok(results[0]), r1 = ok(results[1]);
+  REQUIRE(baton::bitwise_equal(r0.first, r1.first));
+  CHECK(r0.first.time.batch == 8);
+  const auto ours = r0.first.named_parameters(), hand = r0.second.named_parameters(), start = init.named_parameters();
+  REQUIRE(ours.size() == hand.size());
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    INFO(ours[i].first);
+    CHECK(ours[i].second.equal(hand[i].second));
+    CHECK_FALSE(ours[i].second.equal(start[i].second));
+  }
+}
+
 TEST_CASE("resume a 2-rank run on 1 rank and on 2 ranks: every global batch holds the same sample ids", "[distributed]") {
   const auto data = with_ids(500);  // batch 64: 8 batches per epoch, the last of 52 (26 + 26)
   const auto dir = dist_dir("resume");

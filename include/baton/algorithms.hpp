@@ -17,7 +17,7 @@
 ///
 /// Default order at one event point (used by TOML curricula unless `algorithms.order` says
 /// otherwise): random_crop_flip, progressive_resizing, cutout, mixup, cutmix, label_smoothing,
-/// layer_freezing, ema, swa — augment the inputs, then mix, then smooth the mixed targets,
+/// layer_freezing, sam, ema, swa — augment the inputs, then mix, then smooth the mixed targets,
 /// then gradients, then weight averages.
 #include <cstdint>
 #include <string>
@@ -113,6 +113,18 @@ struct FreezeRule {
 /// Freezes layers progressively over the stage (their gradients are dropped after backward, so
 /// neither the weights nor their optimizer moments move).
 Algorithm layer_freezing(std::vector<FreezeRule> rules);
+
+struct SamOptions {
+  double rho = 0.05;      ///< radius of the step up the gradient
+  bool adaptive = false;  ///< ASAM: the step scaled by |w| per weight (scale-invariant sharpness)
+};
+/// Sharpness-aware minimization (Foret et al. 2021; adaptive: Kwon et al. 2021): each step takes the
+/// gradient g at the weights w, moves to w + e with e = rho g / ||g|| (adaptive: e = rho w^2 g /
+/// ||w g||, norms over all trainable parameters), takes the gradient there, goes back to w
+/// (exactly: a copy) and lets the optimizer apply that second gradient. Two forward and backward
+/// passes per step (data-parallel: two all-reduces, the first gradient is the global batch's);
+/// the step's loss is the first pass's. Takes over the gradient (`Algorithm::gradient`).
+Algorithm sam(SamOptions o = {});
 
 /// The algorithm named `name` with options from `params` (the TOML keys of docs/config.md).
 /// Unknown names or keys are errors listing the known ones.

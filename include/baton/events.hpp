@@ -62,6 +62,19 @@ struct AlgorithmContext {
   std::int64_t num_classes{};   ///< classes of the training data (max label + 1); 0 if not class labels
 };
 
+/// What one gradient computation gave (`Algorithm::gradient`).
+struct GradientResult {
+  double loss = 0;     ///< the global batch's loss at the weights the gradient was taken at
+  bool usable = true;  ///< false: the loss was not finite, or the gradients overflowed (loss scaling); the step applies nothing
+};
+/// The step's gradient at the model's current weights, as the step computes it when no algorithm
+/// takes over: forward, loss and backward over the microbatches (grad_accum), the data-parallel
+/// all-reduce (one more per call), loss-scale unscaling, the after_backward hooks. Each call
+/// replaces every trainable parameter's `.grad()` (undefined: no gradient, e.g. frozen). The
+/// per-microbatch events and the after_backward algorithms run at each call; the callbacks'
+/// after_backward fires once, on the gradient the step applies.
+using GradientFn = std::function<GradientResult()>;
+
 /// A training algorithm: pure functions at event points. Unset members do nothing (and cost
 /// nothing). `state` is the algorithm's own memory in `TrainState::algorithm_state[name]`.
 struct Algorithm {
@@ -81,6 +94,13 @@ struct Algorithm {
   /// after_backward: may change gradients (e.g. reset them to freeze a parameter); named params.
   std::function<void(const AlgorithmContext&, const std::vector<std::pair<std::string, torch::Tensor>>& params)>
       after_backward{};
+  /// gradient: takes over how the step gets its gradient (e.g. SAM: a gradient, a step up it, a
+  /// second gradient there, the weights back). `gradient` computes one; `params` are the
+  /// trainable parameters (each once). It must leave in their `.grad()` the gradient to apply and
+  /// the weights as it found them, and return the step's loss; clipping, the non-finite policy
+  /// and the update follow. At most one algorithm of a spec may set it.
+  std::function<GradientResult(const AlgorithmContext&, const std::vector<torch::Tensor>& params, const GradientFn& gradient)>
+      gradient{};
   /// batch_end: reads the updated model, updates its own tensors (e.g. an EMA of the weights).
   std::function<void(const AlgorithmContext&, const TrainState& state, Tensors& memory)> batch_end{};
   /// At the end of the stage (the fit that reaches the stage's duration): may replace the

@@ -13,14 +13,15 @@
 //                              made ahead by spec.data.workers threads: feed.hpp)
 //     [after_data]             algorithms: after_data(batch) -> batch   (augmentation, MixUp, ...)
 //                              lr = group lr * schedule(time on the run's or the stage's clock)
-//     for each microbatch (grad_accum):
-//       [before_forward]       output = model(micro.inputs)
-//       [after_forward]        algorithms: before_loss(output, targets) -> targets (smoothing)
+//     gradient():              (once; or as an algorithm's gradient hook calls it: SAM twice)
+//       for each microbatch (grad_accum):
+//         [before_forward]     output = model(micro.inputs)
+//         [after_forward]      algorithms: before_loss(output, targets) -> targets (smoothing)
 //                              loss = loss(output, targets)  (non-finite: policy, no step)
-//       [after_loss]           (loss * micro/batch).backward()
-//                              data parallel: one all-reduce of the gradients
-//     [after_backward]         algorithms: after_backward(gradients)   (scheduled freezing)
-//                              clip by global norm, then by value; (checked: non-finite grads)
+//         [after_loss]         (loss * micro/batch).backward()
+//                              data parallel: one all-reduce of the gradients; unscale (fp16)
+//                              algorithms: after_backward(gradients)   (scheduled freezing)
+//     [after_backward]         clip by global norm, then by value; (checked: non-finite grads)
 //     [before_optimizer_step]  optimizer update (moments keyed by name), grads set to none
 //     [batch_end]              timestamp += 1 batch; algorithms: batch_end(weights) (EMA, SWA)
 //     [epoch_end]              when the epoch's order is used up (or too short with drop_last)

@@ -1,7 +1,9 @@
 // One optimizer step (step.hpp).
 #include "train/step.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -125,14 +127,16 @@ double checked_norm(const TrainingSpec& spec, const std::vector<Slot>& slots, do
     if (sl.param.grad().defined()) grads.push_back(sl.param.grad());
   return global_norm(grads);
 }
-}  // namespace
 
-StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
-                         double lr_scale, Hooks* hooks, const AlgorithmContext& actx, DataParallel& dp) {
+/// One gradient at the current weights (GradientFn): forward and backward, the data-parallel
+/// reduction, unscaling, the after_backward algorithms. Gradients of an unusable pass are dropped.
+StepOutput gradient_pass(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
+                         Hooks* hooks, const AlgorithmContext& actx, DataParallel& dp) {
+  drop_grads(slots);
   StepOutput out = forward_backward(spec, s, slots, batch, hooks, actx, dp);
   if (out.non_finite && !dp.active()) return out;
   if (dp.active()) {
-    // The one gradient all-reduce of the step (none per microbatch); every rank learns whether
+    // The gradient all-reduce of the pass (none per microbatch); every rank learns whether
     // some rank's loss was not finite, and then every rank skips the step.
     const auto [global_loss, any_non_finite] = dp.reduce(slots, out.non_finite ? 0.0 : out.loss, out.non_finite);
     if (any_non_finite) {
@@ -143,25 +147,59 @@ StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Sl
     }
     out.loss = global_loss;
   }
-  if (spec.loss_scaling) {
-    // Every rank holds the same reduced gradients, so every rank decides alike.
-    const bool finite = unscale_gradients(slots, s.loss_scale->scale);
-    update_loss_scale(*spec.loss_scaling, *s.loss_scale, finite);
-    if (!finite) {
-      drop_grads(slots);
-      out.overflow = true;
-      return out;
-    }
+  if (spec.loss_scaling && !unscale_gradients(slots, s.loss_scale->scale)) {
+    drop_grads(slots);
+    out.overflow = true;
+    return out;
   }
-  if (hooks) {
-    if (hooks->any_after_backward) {
-      std::vector<std::pair<std::string, torch::Tensor>> named;
-      for (const auto& item : s.model.module->named_parameters()) named.emplace_back(item.key(), item.value());
-      for (const auto& a : spec.algorithms)
-        if (a.after_backward) a.after_backward(actx, named);
-    }
-    hooks->fire(Event::after_backward);
+  if (hooks && hooks->any_after_backward) {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& item : s.model.module->named_parameters()) named.emplace_back(item.key(), item.value());
+    for (const auto& a : spec.algorithms)
+      if (a.after_backward) a.after_backward(actx, named);
   }
+  return out;
+}
+
+/// The step's gradient: one pass, or what the algorithm that takes over the gradient makes of
+/// passes (Algorithm::gradient). The step's output is the first pass's, with the algorithm's
+/// loss; an unusable pass makes the step's output that pass's (nothing is applied).
+StepOutput compute_gradient(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
+                            Hooks* hooks, const AlgorithmContext& actx, DataParallel& dp) {
+  const auto taker = std::find_if(spec.algorithms.begin(), spec.algorithms.end(), [](const Algorithm& a) { return bool(a.gradient); });
+  if (taker == spec.algorithms.end()) return gradient_pass(spec, s, slots, batch, hooks, actx, dp);
+  std::optional<StepOutput> first, failed;
+  const GradientFn gradient = [&]() -> GradientResult {
+    StepOutput o = gradient_pass(spec, s, slots, batch, hooks, actx, dp);
+    const bool usable = !o.non_finite && !o.overflow;
+    if (!first) first = o;
+    if (!usable && !failed) failed = o;
+    return {o.loss, usable};
+  };
+  std::vector<torch::Tensor> params;
+  for (const auto& sl : slots)
+    if (sl.param.requires_grad()) params.push_back(sl.param);
+  const GradientResult result = taker->gradient(actx, params, gradient);
+  if (failed) {
+    drop_grads(slots);
+    return *failed;
+  }
+  if (!first)
+    raise(ErrorCode::invalid_spec, fmt::format("algorithm \"{}\" took over the gradient but never computed one "
+                                               "(Algorithm::gradient must call `gradient`)", taker->name));
+  first->loss = result.loss;
+  return *first;
+}
+}  // namespace
+
+StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Slot>& slots, const Batch& batch,
+                         double lr_scale, Hooks* hooks, const AlgorithmContext& actx, DataParallel& dp) {
+  StepOutput out = compute_gradient(spec, s, slots, batch, hooks, actx, dp);
+  // Once per step, however many gradients it took: every rank holds the same reduced gradients,
+  // so every rank decides alike.
+  if (spec.loss_scaling && !out.non_finite) update_loss_scale(*spec.loss_scaling, *s.loss_scale, !out.overflow);
+  if (out.non_finite || out.overflow) return out;
+  if (hooks) hooks->fire(Event::after_backward);
   out.grad_norm = clip_gradients(spec, slots);
   if (const double norm = checked_norm(spec, slots, out.grad_norm); !std::isfinite(norm)) {
     drop_grads(slots);
