@@ -223,6 +223,7 @@ Expected<void> Optimizer::validate() const {
       check(finite_nonneg(*g.weight_decay),
             fmt::format("optimizer.groups[{}].weight_decay: must be a finite number >= 0, got {}", i, *g.weight_decay));
   }
+  for (const auto& problem : optim::transform_problems(transforms)) note(problems, problem);
   if (problems.empty()) return {};
   return fail(ErrorCode::invalid_spec, fmt::format("{}", fmt::join(problems, "; ")));
 }

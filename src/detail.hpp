@@ -122,6 +122,9 @@ torch::Tensor seeded_rng_state(std::uint64_t seed);
 /// none. The one computation behind clipping by norm, the non-finite check and
 /// grad_norm_monitor (train/step.cpp).
 double global_norm(const std::vector<torch::Tensor>& grads);
+/// Scales `grads` by max_norm / (norm + 1e-6) when their global norm exceeds `max_norm`; returns
+/// the norm before. The one clipping by norm: the spec's clip_grad_norm and clip_by_global_norm.
+double clip_by_norm(std::vector<torch::Tensor>& grads, double max_norm);
 
 /// SplitMix64 step: the mixing function used for all seeds derived by baton.
 constexpr std::uint64_t splitmix64(std::uint64_t& x) {

@@ -1,5 +1,5 @@
 // Update rules as values (optim.hpp): the shape anyone's optimizer takes, and the two built on it,
-// Lion and LAMB, from their papers' update equations.
+// Lion and LAMB, from their papers' update equations; the gradient transforms of optim::chain.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include "detail.hpp"
 #include "optim_rules.hpp"
 
 namespace baton::optim {
@@ -61,6 +62,61 @@ Optimizer lamb(LambOptions o) {
     p.add_(direction, -lr * trust);
   };
   return rule(std::move(r));
+}
+
+Optimizer chain(std::vector<GradientTransform> transforms, Optimizer opt) {
+  transforms.insert(transforms.end(), opt.transforms.begin(), opt.transforms.end());
+  opt.transforms = std::move(transforms);
+  return opt;
+}
+
+GradientTransform clip_by_global_norm(double max_norm) {
+  GradientTransform t{.name = "clip_by_global_norm", .identity = fmt::format("clip_by_global_norm({})", max_norm)};
+  if (!(std::isfinite(max_norm) && max_norm > 0))
+    t.invalid = fmt::format("clip_by_global_norm: max_norm must be a finite number > 0, got {}", max_norm);
+  t.apply = [max_norm](const std::vector<torch::Tensor>&, std::vector<torch::Tensor>& grads) {
+    detail::clip_by_norm(grads, max_norm);
+  };
+  return t;
+}
+
+GradientTransform clip_by_value(double limit) {
+  GradientTransform t{.name = "clip_by_value", .identity = fmt::format("clip_by_value({})", limit)};
+  if (!(std::isfinite(limit) && limit > 0))
+    t.invalid = fmt::format("clip_by_value: limit must be a finite number > 0, got {}", limit);
+  t.apply = [limit](const std::vector<torch::Tensor>&, std::vector<torch::Tensor>& grads) {
+    for (auto& g : grads) g.clamp_(-limit, limit);
+  };
+  return t;
+}
+
+GradientTransform add_decayed_weights(double rate) {
+  GradientTransform t{.name = "add_decayed_weights", .identity = fmt::format("add_decayed_weights({})", rate)};
+  if (!(std::isfinite(rate) && rate >= 0))
+    t.invalid = fmt::format("add_decayed_weights: rate must be a finite number >= 0, got {}", rate);
+  t.apply = [rate](const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& grads) {
+    for (std::size_t i = 0; i < grads.size(); ++i) grads[i].add_(params[i], rate);
+  };
+  return t;
+}
+
+std::vector<std::string> transform_problems(const std::vector<GradientTransform>& transforms) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < transforms.size(); ++i) {
+    const auto& t = transforms[i];
+    if (!t.invalid.empty()) out.push_back(fmt::format("optimizer.transforms[{}]: {}", i, t.invalid));
+    if (t.name.empty() || !t.apply)
+      out.push_back(fmt::format("optimizer.transforms[{}]: a gradient transform needs a name and an apply function", i));
+    if (t.identity.empty())
+      out.push_back(fmt::format("optimizer.transforms[{}] (\"{}\"): needs an identity naming every option that can "
+                                "change the bits; run fingerprints hold it", i, t.name));
+  }
+  return out;
+}
+
+void apply_transforms(const std::vector<GradientTransform>& transforms, const std::vector<torch::Tensor>& params,
+                      std::vector<torch::Tensor>& grads) {
+  for (const auto& t : transforms) t.apply(params, grads);
 }
 
 std::vector<std::string> rule_problems(const UpdateRule& r) {

@@ -63,7 +63,7 @@ struct FpStopped {
 };
 }  // namespace
 
-TEST_CASE("a C++ run resumed with any of 10 settings changed is refused, with a diff naming the setting", "[run][fingerprint]") {
+TEST_CASE("a C++ run resumed with any of 12 settings changed is refused, with a diff naming the setting", "[run][fingerprint]") {
   struct Change {
     const char* what;
     std::function<void(std::vector<baton::TrainingSpec>&, baton::Dataset&, baton::ModelFactory&, std::uint64_t&)> apply;
@@ -85,6 +85,11 @@ TEST_CASE("a C++ run resumed with any of 10 settings changed is refused, with a 
        "+ stages[0]: algorithms = [\"label_smoothing(smoothing=0.2)\"]"},
       {"precision", [](Specs& s, auto&, auto&, auto&) { s[0] = s[0].with_precision(baton::Precision::bf16); },
        "+ stages[0]: precision = \"bf16\""},
+      {"a link of the optimizer's chain", [](Specs& s, auto&, auto&, auto&) {
+         s[0] = s[0].with_optimizer(baton::optim::chain({baton::optim::clip_by_global_norm(2.5)}, baton::optim::sgd({.lr = 0.05, .momentum = 0.9})),
+                                    baton::Carry::keep);
+       },
+       "+ stages[0]: optimizer = \"chain [clip_by_global_norm(2.5)] then sgd(lr=0.05"},
       {"clip by value", [](Specs& s, auto&, auto&, auto&) { s[0] = s[0].with_clip_grad_value(0.5); },
        "+ stages[0]: clip_grad_value = 0.5"},
       {"keep_best", [](Specs& s, auto&, auto&, auto&) { s[1] = s[1].with_keep_best(baton::KeepBest{.metric = "val/loss", .maximize = false}); },

@@ -1,4 +1,5 @@
 // baton's optimizers against torch::optim, bit for bit, over several steps.
+#include "baton/testing.hpp"
 #include "baton/text.hpp"
 #include "helpers.hpp"
 
@@ -264,4 +265,70 @@ TEST_CASE("an update rule of your own trains, splits, checkpoints and resumes as
   REQUIRE_FALSE(bad);
   CHECK_THAT(bad.error().message, Catch::Contains("identity") && Catch::Contains("update function"));
   CHECK_FALSE(baton::optim::lion({.beta2 = 1.5}).validate());
+}
+
+namespace {
+/// Bit for bit but for the history (which records the spec's settings: its grad norm, its lr).
+void same_training(baton::TrainState a, baton::TrainState b) {
+  a.history.clear(), b.history.clear();
+  INFO(baton::first_difference(a, b).value_or("equal"));
+  CHECK(baton::bitwise_equal(a, b));
+}
+}  // namespace
+
+TEST_CASE("chain: gradient transforms before the update, bit-equal to what they stand for", "[optim][chain]") {
+  using torch::optim::SGD;
+  using torch::optim::SGDOptions;
+  namespace optim = baton::optim;
+  // Coupled weight decay as a link equals torch::optim::SGD's own weight_decay.
+  compare<SGD>(optim::chain({optim::add_decayed_weights(1e-2)}, optim::sgd({.lr = 0.1, .momentum = 0.9})),
+               SGDOptions(0.1).momentum(0.9).weight_decay(1e-2));
+  // Clipping as links equals the spec's clipping (one implementation), and does clip.
+  const auto data = test::blobs(300);
+  const auto base = test::spec(data, baton::Time::epochs(2));
+  const auto by_spec = test::ok(baton::fit(base.with_clip_grad_norm(0.05).with_clip_grad_value(0.004), test::new_state()));
+  const auto by_chain = test::ok(baton::fit(
+      base.with_optimizer(optim::chain({optim::clip_by_global_norm(0.05), optim::clip_by_value(0.004)}, base.optimizer),
+                          baton::Carry::fresh),
+      test::new_state()));
+  same_training(by_spec, by_chain);
+  CHECK_FALSE(baton::bitwise_equal(by_chain, test::ok(baton::fit(base, test::new_state()))));
+}
+
+TEST_CASE("chain: a transform of your own sees every gradient at once and keeps splits and resumes exact", "[optim][chain]") {
+  namespace optim = baton::optim;
+  // Gradient centralization over all parameters, and a link that replaces tensors rather than
+  // changing them in place.
+  auto seen = std::make_shared<std::size_t>(0);
+  baton::GradientTransform centre{.name = "centralize", .identity = "centralize v1"};
+  centre.apply = [seen](const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& grads) {
+    *seen = std::max(*seen, grads.size());
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      REQUIRE(grads[i].sizes() == params[i].sizes());
+      if (grads[i].dim() > 1) grads[i].sub_(grads[i].mean({1}, true));
+    }
+  };
+  baton::GradientTransform halve{.name = "halve", .identity = "halve v1"};
+  halve.apply = [](const std::vector<torch::Tensor>&, std::vector<torch::Tensor>& grads) {
+    for (auto& g : grads) g = g * 0.5;
+  };
+  const auto data = test::blobs(300);
+  const auto base = test::spec(data, baton::Time::epochs(2));
+  const auto spec = base.with_optimizer(optim::chain({centre, halve}, optim::adam({.lr = 0.01})), baton::Carry::fresh);
+  const auto state = test::new_state();
+  CHECK(baton::testing::split_invariant(spec, state, {baton::Time::batches(5), baton::Time::samples(250)}));
+  CHECK(baton::testing::resume_invariant(spec, state, baton::Time::batches(11)));
+  CHECK(*seen == 6);  // every parameter of the MLP (2 Linear, 1 BatchNorm: weights and biases), in one call
+  const auto with = test::ok(baton::fit(spec, state));
+  CHECK_FALSE(baton::bitwise_equal(with, test::ok(baton::fit(spec.with_optimizer(optim::adam({.lr = 0.01}), baton::Carry::fresh), state))));
+  // A halving link under plain SGD equals half the learning rate (both exact in binary).
+  const auto halved = test::ok(baton::fit(base.with_optimizer(optim::chain({halve}, optim::sgd({.lr = 0.1})), baton::Carry::fresh), state));
+  same_training(halved, test::ok(baton::fit(base.with_optimizer(optim::sgd({.lr = 0.05}), baton::Carry::fresh), state)));
+
+  baton::GradientTransform nameless{.name = "mine"};
+  const auto bad = optim::chain({nameless, optim::clip_by_global_norm(-1)}, optim::sgd()).validate();
+  REQUIRE_FALSE(bad);
+  CHECK_THAT(bad.error().message, Catch::Contains("optimizer.transforms[0]") && Catch::Contains("apply function") &&
+                                      Catch::Contains("identity") &&
+                                      Catch::Contains("clip_by_global_norm: max_norm must be a finite number > 0, got -1"));
 }

@@ -145,6 +145,27 @@ struct ParamGroup {
   std::optional<double> weight_decay{};  ///< default: the optimizer's
 };
 
+/// A transform of the step's gradients over all parameters at once, before the update: a link of
+/// `optim::chain` (Optax's gradient transformations, without state of their own: what must be
+/// remembered between steps belongs in an update rule's slots, which carry over and checkpoint).
+///
+/// ```cpp
+/// baton::GradientTransform centre{.name = "centralize", .identity = "centralize v1"};
+/// centre.apply = [](const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& grads) {
+///   for (auto& g : grads) if (g.dim() > 1) g.sub_(g.mean(/*dim=*/{1}, /*keepdim=*/true));
+/// };
+/// auto opt = baton::optim::chain({baton::optim::clip_by_global_norm(1.0), centre}, baton::optim::adamw({}));
+/// ```
+struct GradientTransform {
+  std::string name{};
+  /// Every option that can change the bits (run directories' fingerprints hold it). Required.
+  std::string identity{};
+  /// Changes `grads` (in place, or by assigning new tensors of the same shapes); `params[i]` is
+  /// the parameter of `grads[i]` (each trainable parameter that has a gradient this step, once).
+  std::function<void(const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& grads)> apply{};
+  std::string invalid{};  ///< set by a factory given bad options; Optimizer::validate reports it
+};
+
 /// An optimizer's hyperparameters; which kind it is follows from the options held.
 ///
 /// ```cpp
@@ -155,6 +176,9 @@ struct ParamGroup {
 struct Optimizer {
   std::variant<SgdOptions, AdamOptions, AdamWOptions, RmspropOptions, AdagradOptions, UpdateRule> options{};
   std::vector<ParamGroup> groups{};
+  /// Applied in order to the step's gradients before the update (after the spec's clipping);
+  /// `optim::chain` sets them.
+  std::vector<GradientTransform> transforms{};
 
   /// "sgd", "adam", "adamw", "rmsprop", "adagrad", or an update rule's name ("lion", "lamb", yours).
   [[nodiscard]] std::string_view kind() const;
@@ -177,6 +201,18 @@ Optimizer adagrad(AdagradOptions options = {});
 Optimizer rule(UpdateRule rule);
 Optimizer lion(LionOptions options = {});
 Optimizer lamb(LambOptions options = {});
+
+/// `transforms` in order (before any the optimizer already has), then `opt`'s update: Optax's
+/// `chain(transform..., rule)`. Stateless links, so carry-over and checkpoints are the rule's.
+Optimizer chain(std::vector<GradientTransform> transforms, Optimizer opt);
+/// Scales all the gradients by max_norm / (norm + 1e-6) when their global L2 norm exceeds
+/// `max_norm` (what `TrainingSpec::clip_grad_norm` does, and the same arithmetic).
+GradientTransform clip_by_global_norm(double max_norm);
+/// Clamps every gradient element to [-limit, limit] (as `TrainingSpec::clip_grad_value`).
+GradientTransform clip_by_value(double limit);
+/// g += rate * param: L2 regularization coupled to the gradient (torch::optim::SGD's
+/// weight_decay; unlike AdamW's decoupled decay, a following Adam scales it).
+GradientTransform add_decayed_weights(double rate);
 
 /// Builds an optimizer from its name and a key/value table (for hparams files), e.g.
 /// `from_name("sgd", {{"lr", 0.1}, {"momentum", 0.9}})`. Keys are the option names above

@@ -40,7 +40,7 @@ static_assert(field_count<KeepBest>() == 4 && field_count<LossScaling>() == 4 &&
               "KeepBest, LossScaling or EvalSchedule has a new field: describe it in stage_lines()");
 static_assert(field_count<SgdOptions>() == 5 && field_count<AdamOptions>() == 6 && field_count<AdamWOptions>() == 6 &&
                   field_count<RmspropOptions>() == 6 && field_count<AdagradOptions>() == 5 && field_count<ParamGroup>() == 4 &&
-                  field_count<UpdateRule>() == 8,
+                  field_count<UpdateRule>() == 8 && field_count<Optimizer>() == 3 && field_count<GradientTransform>() == 4,
               "an optimizer's options have a new field: describe it in optimizer_text()");
 
 std::string toml_string(const std::string& s) {
@@ -77,6 +77,12 @@ std::string optimizer_text(const Optimizer& o) {
                              v.lr_decay, v.weight_decay, v.initial_accumulator_value, v.eps);
       },
       o.options);
+  // Only when there are some, so that the fingerprints of runs from before chains stay as they were.
+  if (!o.transforms.empty()) {
+    std::vector<std::string> links;
+    for (const auto& t : o.transforms) links.push_back(t.identity);
+    text = fmt::format("chain [{}] then {}", fmt::join(links, ", "), text);
+  }
   for (const auto& g : o.groups)
     text += fmt::format(" + group [{}]{} lr={} weight_decay={}", fmt::join(g.patterns, " "),
                         g.modules.empty() ? "" : fmt::format(" modules [{}]", fmt::join(g.modules, " ")),

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "detail.hpp"
+#include "optim_rules.hpp"
 #include "train/precision.hpp"
 
 namespace baton::detail {
@@ -161,6 +162,16 @@ StepOutput gradient_pass(const TrainingSpec& spec, TrainState& s, std::vector<Sl
   return out;
 }
 
+/// The optimizer's chain of gradient transforms over the parameters that have a gradient.
+void transform_gradients(const Optimizer& opt, std::vector<Slot>& slots) {
+  std::vector<torch::Tensor> params, grads;
+  for (auto& sl : slots)
+    if (sl.param.grad().defined()) params.push_back(sl.param), grads.push_back(sl.param.mutable_grad());
+  optim::apply_transforms(opt.transforms, params, grads);
+  for (std::size_t i = 0; i < params.size(); ++i)  // a transform that made a new tensor rather than change it in place
+    if (!grads[i].is_same(params[i].grad())) params[i].mutable_grad() = grads[i];
+}
+
 /// The step's gradient: one pass, or what the algorithm that takes over the gradient makes of
 /// passes (Algorithm::gradient). The step's output is the first pass's, with the algorithm's
 /// loss; an unusable pass makes the step's output that pass's (nothing is applied).
@@ -205,8 +216,9 @@ StepOutput step_in_place(const TrainingSpec& spec, TrainState& s, std::vector<Sl
     drop_grads(slots);
     return {out.loss, norm, true, fmt::format("the gradient norm is {}", norm)};
   }
-  if (hooks) hooks->fire(Event::before_optimizer_step);
   torch::NoGradGuard no_grad;
+  if (!spec.optimizer.transforms.empty()) transform_gradients(spec.optimizer, slots);
+  if (hooks) hooks->fire(Event::before_optimizer_step);
   for (auto& sl : slots)
     if (sl.param.grad().defined())
       optim::apply(spec.optimizer, sl.param, sl.param.grad(), *sl.state, sl.lr * lr_scale, sl.weight_decay);
@@ -222,15 +234,18 @@ double clip_gradients(const TrainingSpec& spec, std::vector<Slot>& slots) {
   std::vector<torch::Tensor> grads;
   for (auto& sl : slots)
     if (sl.param.grad().defined()) grads.push_back(sl.param.grad());
-  double total = 0.0;
-  if (spec.clip_grad_norm && !grads.empty()) {
-    total = global_norm(grads);
-    const double coef = *spec.clip_grad_norm / (total + 1e-6);
-    if (coef < 1.0)
-      for (auto& g : grads) g.mul_(coef);
-  }
+  const double total = spec.clip_grad_norm && !grads.empty() ? clip_by_norm(grads, *spec.clip_grad_norm) : 0.0;
   if (spec.clip_grad_value)
     for (auto& g : grads) g.clamp_(-*spec.clip_grad_value, *spec.clip_grad_value);
+  return total;
+}
+
+double clip_by_norm(std::vector<torch::Tensor>& grads, double max_norm) {
+  torch::NoGradGuard no_grad;
+  const double total = global_norm(grads);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0)
+    for (auto& g : grads) g.mul_(coef);
   return total;
 }
 
