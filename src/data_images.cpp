@@ -19,6 +19,22 @@
 #include "io.hpp"
 
 namespace baton::detail {
+Expected<void> decode_image(const std::filesystem::path& file, int channels, int height, int width, bool resize,
+                            unsigned char* out) {
+  int w = 0, h = 0, n = 0;
+  unsigned char* px = stbi_load(file.c_str(), &w, &h, &n, channels);
+  if (!px) return fail(ErrorCode::data, fmt::format("{}: cannot decode the image: {}", file.string(), stbi_failure_reason()));
+  bool ok = true;
+  if (w == width && h == height) std::memcpy(out, px, static_cast<std::size_t>(w) * h * channels);
+  else if (resize) ok = stbir_resize_uint8(px, w, h, 0, out, width, height, 0, channels) == 1;
+  else ok = false;
+  stbi_image_free(px);
+  if (!ok)
+    return fail(ErrorCode::data, fmt::format("{}: a {}x{} image, not {}x{}{}", file.string(), w, h, width, height,
+                                             resize ? " (resizing failed)" : ""));
+  return {};
+}
+
 std::string image_too_large(const std::filesystem::path& file) {
   // PNG: the 8-byte signature, then the IHDR chunk (length, "IHDR", width and height big-endian).
   std::array<unsigned char, 26> b{};
@@ -189,19 +205,10 @@ class ImageSource final : public Source, public detail::ClassNames {
  private:
   /// One file into `out` (h x w x channels bytes).
   Expected<void> decode(const fs::path& file, unsigned char* out) const {
-    int w = 0, h = 0, n = 0;
-    const int c = static_cast<int>(o_.channels);
-    unsigned char* px = stbi_load(file.c_str(), &w, &h, &n, c);
-    if (!px) return fail(ErrorCode::data, fmt::format("{}: cannot decode the image: {}", file.string(), stbi_failure_reason()));
-    bool ok = true;
-    if (w == w_ && h == h_) std::memcpy(out, px, static_cast<std::size_t>(w) * h * c);
-    else if (o_.height > 0) ok = stbir_resize_uint8(px, w, h, 0, out, w_, h_, 0, c) == 1;
-    else ok = false;
-    stbi_image_free(px);
-    if (!ok)
-      return fail(ErrorCode::data, fmt::format("{}: a {}x{} image where the folder's are {}x{}{}", file.string(), w, h, w_, h_,
-                                               o_.height > 0 ? " (resizing failed)" : "; set height and width to resize"));
-    return {};
+    auto ok = detail::decode_image(file, static_cast<int>(o_.channels), h_, w_, o_.height > 0, out);
+    if (!ok && o_.height == 0)  // the folder's images had one size when it was opened; this one changed since
+      return fail(ErrorCode::data, ok.error().message + fmt::format(" (the folder's size); set height and width to resize"));
+    return ok;
   }
 
   std::vector<Item> items_;

@@ -64,4 +64,12 @@ Expected<torch::Tensor> csv_columns(const std::filesystem::path& path, const std
 /// (the caller says what it knows).
 std::string image_too_large(const std::filesystem::path& file);
 
+/// One image file decoded (stb_image, converted to `channels`) into `out`, height x width x
+/// channels bytes; a file of another size is resized (stb_image_resize) when `resize`, else
+/// refused. The one decoder of image folders and of `baton predict`, so that a model trained on
+/// resized files predicts on the same files with the same pixels. Callers check sizes first
+/// when they want their own words for a mismatch.
+Expected<void> decode_image(const std::filesystem::path& file, int channels, int height, int width, bool resize,
+                            unsigned char* out);
+
 }  // namespace baton::detail

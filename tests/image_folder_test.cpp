@@ -7,7 +7,11 @@
 #include <fmt/format.h>
 #include <stb/stb_image_write.h>
 
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "helpers.hpp"
+#include "process.hpp"
 
 namespace fs = std::filesystem;
 
@@ -218,4 +222,61 @@ data = "train"
   CHECK(card->classes.front() == "c0");
   CHECK(card->classes.back() == "c9");
   CHECK_FALSE(card->normalize);  // the image folder's default, in C++ and TOML alike
+}
+
+TEST_CASE("a model trained on resized image-folder files predicts on the same raw files through baton predict",
+          "[image_folder][inference][cli]") {
+  // 28x28 files, trained at 20x20 (the folder resizes): `baton predict` on the raw files must
+  // resize them as training did (one decoder), so its answers are `baton eval`'s, class by class.
+  test::TempDir dir;
+  write_folder(dir.path / "root", 200);
+  std::ofstream(dir.path / "c.toml") << fmt::format(R"([run]
+seed = 3
+max_duration = "2ep"
+[model]
+name = "mlp"
+widths = [400, 32, 10]
+[datasets.train]
+kind = "image_folder"
+root = "{}"
+height = 20
+width = 20
+[[stages]]
+name = "s"
+duration = "2ep"
+data = "train"
+batch_size = 20
+optimizer = {{ name = "adam", lr = 0.01 }}
+)",
+                                                    (dir.path / "root").string());
+  auto r = test::baton_cli(fmt::format("run {} --run-dir {}", (dir.path / "c.toml").string(), (dir.path / "run").string()));
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const auto state = dir.path / "run/final.baton", artifact = dir.path / "model.pt";
+  r = test::baton_cli(fmt::format("export {} -o {} --inference", state.string(), artifact.string()));
+  REQUIRE(r.rc == 0);
+  r = test::baton_cli(fmt::format("eval --state {} --data train --metric accuracy", state.string()));
+  REQUIRE(r.rc == 0);
+  const double eval_accuracy = nlohmann::json::parse(r.out.substr(r.out.find('{'))).at("metrics").at("accuracy");
+  std::int64_t right = 0, total = 0;
+  for (std::int64_t c = 0; c < 10; ++c) {
+    const auto cls = dir.path / "root" / fmt::format("c{}", c);
+    if (!fs::exists(cls)) continue;
+    r = test::baton_cli(fmt::format("predict {} {}", artifact.string(), cls.string()));
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    std::istringstream lines(r.out);
+    std::string line;
+    std::getline(lines, line);
+    REQUIRE(line == "input,class,name,probability");
+    while (std::getline(lines, line)) {
+      ++total;
+      const auto first = line.find(','), second = line.find(',', first + 1);
+      right += std::stoll(line.substr(first + 1, second - first - 1)) == c;
+    }
+  }
+  CHECK(total == 200);
+  INFO("predict: " << right << " of " << total << "; eval: " << eval_accuracy);
+  CHECK(static_cast<double>(right) / static_cast<double>(total) == Approx(eval_accuracy).epsilon(1e-9));
+  CHECK(eval_accuracy > 0.5);  // it learned something, so agreeing is not agreeing on noise
 }

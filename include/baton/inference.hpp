@@ -40,6 +40,9 @@ struct ModelCard {
   bool normalize = false;                 ///< images: (pixel / 255 - mean) / std; else pixel / 255
   double mean = 0.0;
   double std = 1.0;
+  /// Images: a file of another size is resized to `input_shape` (stb_image_resize, the image
+  /// folder's own resizing), as the training data was; false: such a file is refused.
+  bool resize = false;
   std::vector<std::string> columns{};     ///< features: the CSV columns, in input order (empty: by position)
   std::vector<std::string> classes{};     ///< class names by index (empty: indices only)
   /// Tokens: the tokenizer that turns text into the model's ids, by its identity ("bytes-v1":

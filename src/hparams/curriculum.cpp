@@ -153,6 +153,7 @@ Expected<ModelCard> Curriculum::model_card(const std::string& name, const std::s
     card.normalize = (*d)["normalize"].value<bool>().value_or(kind != "image_folder" && image.normalize);
     card.mean = (*d)["mean"].value<double>().value_or(image.mean);  // fashion-mnist takes none: the defaults
     card.std = (*d)["std"].value<double>().value_or(image.std);
+    card.resize = kind == "image_folder" && (*d)["height"].value<std::int64_t>().value_or(0) > 0;
     if (kind == "fashion-mnist") card.classes = mapped_class_names(data::fashion_mnist_classes(), (*d)["label_map"].as_array());
     if (kind == "image_folder") card.classes = detail::class_names(ds->source);  // its class directories' names
   } else if (kind == "csv") {

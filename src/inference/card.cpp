@@ -45,6 +45,7 @@ std::string card_to_json(const ModelCard& c) {
             {"normalize", c.normalize},
             {"mean", c.mean},
             {"std", c.std},
+            {"resize", c.resize},
             {"columns", c.columns},
             {"classes", c.classes},
             {"tokenizer", c.tokenizer},
@@ -80,6 +81,7 @@ Expected<ModelCard> card_from_json(std::string_view text, const std::string& whe
       c.normalize = j.at("normalize").get<bool>();
       c.mean = j.at("mean").get<double>();
       c.std = j.at("std").get<double>();
+      c.resize = j.value("resize", false);  // cards before resizing have none
       if (!std::isfinite(c.mean) || !std::isfinite(c.std) || c.std == 0)
         return fail(ErrorCode::data, fmt::format("{}: mean {} and std {} cannot normalize", where, c.mean, c.std));
       c.columns = j.at("columns").get<std::vector<std::string>>();

@@ -76,17 +76,17 @@ Expected<torch::Tensor> read_image(const fs::path& path, const ModelCard& card) 
     return fail(ErrorCode::data, fmt::format("{}: the header of this {} file cannot be read (damaged, cut, or beyond what "
                                              "stb reads)", path.string(), format.empty() ? "image" : format));
   }
-  if (h != card.input_shape[1] || w != card.input_shape[2])
-    return fail(ErrorCode::shape_mismatch, fmt::format("{}: a {}x{} image; the model takes {} (baton does not resize: "
-                                                       "resize it first)", path.string(), w, h, size_text(card.input_shape)));
-  unsigned char* pixels = stbi_load(path.c_str(), &w, &h, &n, channels);
-  if (!pixels)
+  const int H = static_cast<int>(card.input_shape[1]), W = static_cast<int>(card.input_shape[2]);
+  if ((h != H || w != W) && !card.resize)
+    return fail(ErrorCode::shape_mismatch, fmt::format("{}: a {}x{} image; the model takes {} and was not trained on "
+                                                       "resized images (resize it first)", path.string(), w, h,
+                                                       size_text(card.input_shape)));
+  // The image folder's decoder: resized as training resized (card.resize), the same pixels.
+  auto hwc = torch::empty({H, W, channels}, torch::kUInt8);
+  if (!detail::decode_image(path, channels, H, W, card.resize, hwc.data_ptr<unsigned char>()))
     return fail(ErrorCode::data, fmt::format("{}: a {}x{} {} image whose pixels cannot be decoded (the file is damaged or cut)",
                                              path.string(), w, h, format.empty() ? "" : format));
-  // clone: for one channel the permuted view is already contiguous and would keep pointing at `pixels`.
-  auto t = torch::from_blob(pixels, {h, w, channels}, torch::kUInt8).permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
-  stbi_image_free(pixels);
-  return t;
+  return hwc.permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
 }
 
 Expected<InputBatch> images(const std::vector<fs::path>& files, const ModelCard& card) {
