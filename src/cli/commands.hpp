@@ -96,6 +96,23 @@ struct SweepNodeArgs {
   bool by_stage = false, fresh = false;
 };
 int sweep_node(const SweepNodeArgs& a, const Registry& registry);
+/// What `baton run` is asked for.
+struct RunArgs {
+  std::string program = "baton";  // as the user typed it (argv[0]): the name hints repeat
+  std::string file;
+  std::vector<std::string> sets;
+  std::string run_dir;
+  bool fresh = false;
+  bool accept_runtime_change = false;
+  std::string for_time, until_time;  // pause after this much more / at this point of the run
+  int nproc = 0;  // > 0: start this many ranks here (baton launch) instead of training
+  int jobs = 1;   // a tree: stages trained at once
+};
+/// `baton run` in this process (alone, or as a rank under a launcher).
+int run(const RunArgs& a, const Registry& registry);
+/// `baton run --nproc N`: starts N local ranks of itself (baton launch).
+int run_ranks(const RunArgs& a);
+
 /// `baton validate`: every problem at once; a tree's branches listed.
 int validate(const std::string& file, const std::vector<std::string>& sets, const Registry& registry);
 }  // namespace baton::cli
