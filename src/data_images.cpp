@@ -207,7 +207,7 @@ class ImageSource final : public Source, public detail::ClassNames {
   Expected<void> decode(const fs::path& file, unsigned char* out) const {
     auto ok = detail::decode_image(file, static_cast<int>(o_.channels), h_, w_, o_.height > 0, out);
     if (!ok && o_.height == 0)  // the folder's images had one size when it was opened; this one changed since
-      return fail(ErrorCode::data, ok.error().message + fmt::format(" (the folder's size); set height and width to resize"));
+      return fail(ErrorCode::data, ok.error().message + " (the folder's size); set height and width to resize");
     return ok;
   }
 

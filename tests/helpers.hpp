@@ -98,6 +98,27 @@ inline baton::ModelFactory tiny_cnn() {
   });
 }
 
+/// A one-stage curriculum: an mlp on 320 synthetic samples for 10 batches of 32, seed 3, with
+/// `stage_keys` (TOML lines) appended to its stage.
+inline std::string mlp_curriculum(const std::string& stage_keys) {
+  return R"(
+[run]
+seed = 3
+max_duration = "10ba"
+[model]
+name = "mlp"
+widths = [8, 16, 4]
+[datasets.train]
+kind = "synthetic"
+samples = 320
+[[stages]]
+name = "only"
+data = "train"
+batch_size = 32
+duration = "10ba"
+)" + stage_keys;
+}
+
 /// A fresh temporary directory (mkdtemp), removed with everything in it at scope exit.
 struct TempDir {
   std::filesystem::path path;

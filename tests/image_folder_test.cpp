@@ -265,14 +265,9 @@ optimizer = {{ name = "adam", lr = 0.01 }}
     r = test::baton_cli(fmt::format("predict {} {}", artifact.string(), cls.string()));
     INFO(r.out);
     REQUIRE(r.rc == 0);
-    std::istringstream lines(r.out);
-    std::string line;
-    std::getline(lines, line);
-    REQUIRE(line == "input,class,name,probability");
-    while (std::getline(lines, line)) {
+    for (const auto& [input, row] : test::read_predictions(r.out)) {
       ++total;
-      const auto first = line.find(','), second = line.find(',', first + 1);
-      right += std::stoll(line.substr(first + 1, second - first - 1)) == c;
+      right += row.cls == c;
     }
   }
   CHECK(total == 200);

@@ -28,7 +28,8 @@ T unwrap(baton::Expected<T> r) {
 const fs::path kImages = baton::data::fashion_mnist_dir / "t10k-images-idx3-ubyte.gz";
 const fs::path kLabels = baton::data::fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz";
 
-test::Output baton_cli(const std::string& args) { return test::shell(std::string(BATON_EXE) + " " + args); }
+using test::baton_cli;
+using test::read_predictions;
 
 /// A small CNN trained for an epoch on 1,000 Fashion-MNIST images by `baton run`, exported as an
 /// inference artifact, and its test accuracy by `baton eval` (once per process).
@@ -87,27 +88,6 @@ optimizer = { name = "adam", lr = 0.01 }
   return t;
 }
 
-/// The rows of a predictions CSV: input id -> (class, name, probability).
-struct Row {
-  std::int64_t cls;
-  std::string name;
-  double probability;
-};
-std::vector<std::pair<std::string, Row>> read_predictions(const std::string& text) {
-  std::istringstream in(text);
-  std::string line;
-  std::getline(in, line);
-  REQUIRE(line == "input,class,name,probability");
-  std::vector<std::pair<std::string, Row>> rows;
-  while (std::getline(in, line)) {
-    std::vector<std::string> cells;
-    std::stringstream ss(line);
-    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
-    REQUIRE(cells.size() == 4);
-    rows.emplace_back(cells[0], Row{std::stoll(cells[1]), cells[2], std::stod(cells[3])});
-  }
-  return rows;
-}
 }  // namespace
 
 TEST_CASE("baton predict on the test set reproduces baton eval's accuracy exactly", "[inference][cli]") {

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -104,6 +106,30 @@ inline Output python(const std::filesystem::path& dir, const std::string& script
                             << "; scripts/common.sh installs it): " << probe.out);
   std::ofstream(dir / "script.py") << script;
   return shell(fmt::format("cd {} && /usr/bin/python3 script.py {}", dir.string(), args));
+}
+
+/// A row of `baton predict`'s CSV: the predicted class, its name and its probability.
+struct Prediction {
+  std::int64_t cls;
+  std::string name;
+  double probability;
+};
+
+/// The rows of a predictions CSV (header checked), as input id -> prediction, in file order.
+inline std::vector<std::pair<std::string, Prediction>> read_predictions(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  std::getline(in, line);
+  REQUIRE(line == "input,class,name,probability");
+  std::vector<std::pair<std::string, Prediction>> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    REQUIRE(cells.size() == 4);
+    rows.emplace_back(cells[0], Prediction{std::stoll(cells[1]), cells[2], std::stod(cells[3])});
+  }
+  return rows;
 }
 
 #ifdef BATON_EXE

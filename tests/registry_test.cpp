@@ -33,30 +33,12 @@ baton::Registry mine(int* callback_events) {
   return registry;
 }
 
-std::string curriculum(const std::string& stage_keys) {
-  return R"(
-[run]
-seed = 3
-max_duration = "10ba"
-[model]
-name = "mlp"
-widths = [8, 16, 4]
-[datasets.train]
-kind = "synthetic"
-samples = 320
-[[stages]]
-name = "only"
-data = "train"
-batch_size = 32
-duration = "10ba"
-)" + stage_keys;
-}
 }  // namespace
 
 TEST_CASE("a user's optimizer, schedule, algorithm and callback are named in TOML like the built-ins", "[hparams][registry]") {
   int events = 0;
   const auto registry = mine(&events);
-  auto cur = baton::parse_curriculum(curriculum(R"(
+  auto cur = baton::parse_curriculum(test::mlp_curriculum(R"(
 optimizer = { name = "heavy_ball", lr = 0.02, beta = 0.8, groups = [{ patterns = ["*.bias"], lr = 0.01 }] }
 schedule = { name = "halve", every = "4ba", warmup = "2ba" }
 algorithms = { count_steps = {}, ema = { decay = 0.9 } }
@@ -77,7 +59,7 @@ callbacks = { tally = {} }
   // The 10th step is at 9 batches: 7 into "halve" after the 2-batch warm-up, so halved once.
   CHECK(s.history.back().last_lr == Approx(0.02 * 0.5));
   // The same file without the registry is an error that names the place and what is known.
-  auto plain = baton::parse_curriculum(curriculum(R"(optimizer = { name = "heavy_ball" })"), "plain.toml");
+  auto plain = baton::parse_curriculum(test::mlp_curriculum(R"(optimizer = { name = "heavy_ball" })"), "plain.toml");
   REQUIRE(plain);
   auto checked = plain->validate();
   REQUIRE_FALSE(checked);
@@ -88,7 +70,7 @@ TEST_CASE("names of the registry's own: did-you-mean over both, unknown keys and
   int events = 0;
   const auto registry = mine(&events);
   auto problems = [&](const std::string& keys) {
-    auto cur = baton::parse_curriculum(curriculum(keys), "bad.toml", {}, registry);
+    auto cur = baton::parse_curriculum(test::mlp_curriculum(keys), "bad.toml", {}, registry);
     if (!cur) return cur.error().message;
     auto spec = cur->stages()[0].build();
     return spec ? std::string("no error") : spec.error().message;

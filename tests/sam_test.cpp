@@ -123,29 +123,8 @@ TEST_CASE("SAM: a non-finite loss in the second pass stops the step before anyth
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.equal(b[i].second));
 }
 
-namespace {
-std::string sam_curriculum(const std::string& stage_keys) {
-  return R"(
-[run]
-seed = 3
-max_duration = "10ba"
-[model]
-name = "mlp"
-widths = [8, 16, 4]
-[datasets.train]
-kind = "synthetic"
-samples = 320
-[[stages]]
-name = "only"
-data = "train"
-batch_size = 32
-duration = "10ba"
-)" + stage_keys;
-}
-}  // namespace
-
 TEST_CASE("SAM: named in TOML with its options, and its bad inputs", "[sam][hparams]") {
-  auto cur = baton::parse_curriculum(sam_curriculum("algorithms = { ema = {}, sam = { rho = 0.1, adaptive = true } }\n"), "sam.toml");
+  auto cur = baton::parse_curriculum(test::mlp_curriculum("algorithms = { ema = {}, sam = { rho = 0.1, adaptive = true } }\n"), "sam.toml");
   REQUIRE(cur);
   const auto spec = test::ok(cur->stages()[0].build());
   REQUIRE(spec.algorithms.size() == 2);
@@ -154,7 +133,7 @@ TEST_CASE("SAM: named in TOML with its options, and its bad inputs", "[sam][hpar
   const auto s = test::ok(baton::fit(spec, test::ok(cur->init())));
   CHECK(s.time.batch == 10);
 
-  auto bad_cur = baton::parse_curriculum(sam_curriculum("algorithms = { sam = { rho = -1 } }\n"), "bad.toml");
+  auto bad_cur = baton::parse_curriculum(test::mlp_curriculum("algorithms = { sam = { rho = -1 } }\n"), "bad.toml");
   REQUIRE(bad_cur);
   const auto bad = bad_cur->stages()[0].build();
   REQUIRE_FALSE(bad);
