@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "baton/interop.hpp"
 #include "baton/text.hpp"
 #include "baton/tree.hpp"
 #include "helpers.hpp"
@@ -495,4 +496,89 @@ TEST_CASE("a tree from C++ specs on fortunes: every tool reads its stage directo
   INFO(g.out);
   CHECK(g.rc == 0);
   CHECK_THAT(g.out, Catch::StartsWith("An atom "));
+}
+
+TEST_CASE("a fine-tune in another file starts from a tree stage's checkpoint (model.init_from names a .baton)", "[tree][interop]") {
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "t.toml";
+  std::ofstream(file) << kTree;
+  const fs::path dir = tmp.path / "tree";
+  tree_value(baton::run_tree(file, {.dir = dir, .progress = false}));
+  const fs::path pre = dir / "pre" / "final.baton";
+  const auto info = tree_value(baton::read_checkpoint_info(pre));
+
+  auto fine_tune = [&](const std::string& init_from, const std::string& widths) {
+    return fmt::format(R"(
+[run]
+seed = 9
+max_duration = "1ep"
+[model]
+name = "mlp"
+widths = {}
+init_from = {}
+[datasets.own]
+kind = "synthetic"
+samples = 300
+classes = 3
+seed = 11
+[[stages]]
+name = "ft"
+data = "own"
+batch_size = 20
+duration = "1ep"
+)", widths, init_from);
+  };
+  const std::string path = fmt::format("\"{}\"", pre.string());
+  {  // the same model: every tensor taken, so the run starts with the pretraining's bits
+    const auto cur = tree_value(baton::parse_curriculum(fine_tune(path, "[8, 16, 4]"), "same.toml"));
+    const auto init = tree_value(cur.init());
+    CHECK(baton::params_sha256(init) == info.params_sha256);
+    CHECK(init.time.batch == 0);  // weights only: its own clock, optimizer and RNG
+  }
+  {  // a new 3-way head over the pretrained trunk, as a tree's transfer gives
+    const auto cur = tree_value(baton::parse_curriculum(
+        fine_tune(fmt::format("{{ path = {}, fresh = [\"3.*\"] }}", path), "[8, 16, 3]"), "head.toml"));
+    baton::TransferReport report;
+    const auto init = tree_value(cur.init(&report));
+    CHECK(report.copied == std::vector<std::string>{"1.weight", "1.bias"});
+    const auto sd = tree_value(baton::checkpoint_state_dict(pre));
+    CHECK(init.named_parameters()[0].second.equal(sd.at(0).second));
+    const auto done = tree_value(baton::fit(tree_value(cur.specs()).at(0), init));
+    CHECK(done.time.batch == 15);
+  }
+  {  // weights = "ema" where the pretraining kept none, and where the file is not a checkpoint
+    const auto cur = tree_value(baton::parse_curriculum(
+        fine_tune(fmt::format("{{ path = {}, weights = \"ema\" }}", path), "[8, 16, 4]"), "ema.toml"));
+    const auto init = cur.init();
+    REQUIRE_FALSE(init);
+    CHECK_THAT(init.error().to_string(), Catch::Contains("ema.toml: model.init_from") && Catch::Contains("holds none"));
+    const fs::path exported = tmp.path / "pre.pt";
+    REQUIRE(baton::save_state_dict(tree_value(baton::checkpoint_state_dict(pre)), exported));
+    const auto not_ckpt = tree_value(baton::parse_curriculum(
+        fine_tune(fmt::format("{{ path = \"{}\", weights = \"swa\" }}", exported.string()), "[8, 16, 4]"), "swa.toml")).init();
+    REQUIRE_FALSE(not_ckpt);
+    CHECK_THAT(not_ckpt.error().to_string(), Catch::Contains("is not") && Catch::Contains("pre.pt"));
+    const auto bad = baton::parse_curriculum(fine_tune(fmt::format("{{ path = {}, weights = \"best\" }}", path), "[8, 16, 4]"), "bad.toml");
+    CHECK_FALSE((bad && bad->init()));
+  }
+}
+
+TEST_CASE("baton run of a tree with --for is refused before any dataset is read", "[tree][cli]") {
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "t.toml";
+  // stage a's data is a folder that does not exist: reading it would fail first
+  std::string text = kTree;
+  text.replace(text.find("optimizer = { lr = 0.003 }"), 0, "data = \"far\"\n");
+  text += "[datasets.far]\nkind = \"image_folder\"\nroot = \"no-such-folder\"\n";
+  std::ofstream(file) << text;
+  for (const char* flag : {"--for 2ba", "--until 2ba"}) {
+    const auto r = test::baton_cli(fmt::format("run {} {} --run-dir {}", file.string(), flag, (tmp.path / "run").string()));
+    INFO(r.out);
+    CHECK(r.rc == 2);
+    CHECK_THAT(r.out, Catch::Contains("the stages make a tree"));
+    CHECK_THAT(r.out, !Catch::Contains("no-such-folder"));
+  }
+  const auto plain = test::baton_cli(fmt::format("validate {}", file.string()));
+  CHECK_THAT(plain.out, Catch::Contains("no-such-folder"));  // the folder is read when nothing refuses first
+  CHECK_FALSE(fs::exists(tmp.path / "run"));
 }

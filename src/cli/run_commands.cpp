@@ -114,10 +114,6 @@ void print_summary(const TrainState& initial, const std::vector<TrainingSpec>& s
 /// `baton run` of a curriculum that branches: `baton::run_tree` (tree.hpp), a run directory per
 /// stage under the run's, and the table of every branch beside its scratch baseline.
 int run_tree(const RunArgs& a, const Curriculum& cur, const Registry& registry) {
-  if (!a.for_time.empty() || !a.until_time.empty() || launched_distributed())
-    return report(Error{ErrorCode::invalid_argument,
-                        fmt::format("{}: the stages make a tree (`from`): --for, --until and data-parallel ranks train "
-                                    "one chain; run a branch's stages as a file of their own for that", a.file), {}});
   TreeOptions o{.dir = a.run_dir.empty() ? cur.run().run_dir : fs::path(a.run_dir), .sets = a.sets, .fresh = a.fresh,
                 .jobs = a.jobs, .threads = cur.run().threads, .executable = self_executable(), .registry = registry};
   auto runtime = configure_runtime({.threads = a.jobs > 1 ? 1 : cur.run().threads});
@@ -149,6 +145,11 @@ int run_tree(const RunArgs& a, const Curriculum& cur, const Registry& registry) 
 int run(const RunArgs& a, const Registry& registry) {
   auto cur = load_curriculum(a.file, a.sets, registry);
   if (!cur) return report(cur.error());
+  // Refused before validate, which reads (and tokenizes) every dataset.
+  if (cur->is_tree() && (!a.for_time.empty() || !a.until_time.empty() || launched_distributed()))
+    return report(Error{ErrorCode::invalid_argument,
+                        fmt::format("{}: the stages make a tree (`from`): --for, --until and data-parallel ranks train "
+                                    "one chain; run a branch's stages as a file of their own for that", a.file), {}});
   if (auto ok = cur->validate(); !ok) return report(ok.error());
   if (cur->is_tree()) return run_tree(a, *cur, registry);
   if (a.jobs > 1)

@@ -211,7 +211,7 @@ Expected<TrainState> Curriculum::init(TransferReport* report) const {
   if (!p.empty()) return tl::unexpected(p.error());
   if (!state || !from) return state;
   const std::string where = fmt::format("{}: model.init_from", impl_->doc->source);
-  auto loaded = read_state_dict(from->path).and_then([&](const StateDict& sd) { return load_weights(std::move(*state), sd, from->options); });
+  auto loaded = detail::read_init_weights(*from).and_then([&](const StateDict& sd) { return load_weights(std::move(*state), sd, from->options); });
   if (!loaded) return tl::unexpected(loaded.error().with_context(where));
   if (report) *report = loaded->second;
   return std::move(loaded->first);

@@ -1,5 +1,9 @@
 // [model] init_from: the run starts from weights in a state_dict file (Python's torch.save, or
-// `baton export`), taken by name and shape as a transfer takes them (docs/interop.md).
+// `baton export`) or in a baton checkpoint of any run directory, taken by name and shape as a
+// transfer takes them (docs/interop.md).
+#include <array>
+#include <fstream>
+
 #include "internal.hpp"
 
 namespace baton::detail {
@@ -13,7 +17,7 @@ std::optional<InitFrom> read_init_from(const Document& doc, Problems& p) {
   from.at = n;
   const toml::node* path = n;
   if (const auto* t = n->as_table()) {
-    check_keys(*t, {"path", "rename", "fresh", "strict"}, "model.init_from", p);
+    check_keys(*t, {"path", "rename", "fresh", "strict", "weights"}, "model.init_from", p);
     path = t->get("path");
     if (!path) p.add(n, "model.init_from.path: required, the state_dict file (e.g. \"resnet.pt\")");
     if (const auto* rename = t->get("rename")) {
@@ -29,16 +33,33 @@ std::optional<InitFrom> read_init_from(const Document& doc, Problems& p) {
     }
     if (auto f = r.strings(t->get("fresh"), ".fresh")) from.options.fresh = *f;
     if (auto s = r.boolean(t->get("strict"), ".strict")) from.options.strict = *s;
+    if (const auto* w = t->get("weights")) {
+      const auto name = w->value<std::string>();
+      if (name && (*name == "ema" || *name == "swa")) from.weights = *name;
+      else p.add(w, "model.init_from.weights: expected \"ema\" or \"swa\" (the weights that algorithm kept in the checkpoint); "
+                    "leave it out for the model's own");
+    }
   }
   if (path) {
     if (auto s = path->value<std::string>()) {
       from.path = *s;
       if (from.path.is_relative() && !doc.base_dir.empty()) from.path = doc.base_dir / from.path;  // as data paths
     } else {
-      p.add(path, "model.init_from: expected a file name or a table { path, rename, fresh, strict }");
+      p.add(path, "model.init_from: expected a file name or a table { path, rename, fresh, strict, weights }");
     }
   }
   return from;
+}
+
+Expected<StateDict> read_init_weights(const InitFrom& from) {
+  std::array<char, 8> magic{};
+  std::ifstream(from.path, std::ios::binary).read(magic.data(), magic.size());
+  if (std::string_view(magic.data(), magic.size()) == "BATONCKP") return checkpoint_state_dict(from.path, from.weights);
+  if (!from.weights.empty())
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("{}: weights = \"{}\" picks an algorithm's weights from a baton checkpoint, and this is not "
+                            "one (a state_dict file holds one set of weights)", from.path.string(), from.weights));
+  return read_state_dict(from.path);
 }
 
 }  // namespace baton::detail

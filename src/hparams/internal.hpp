@@ -225,9 +225,13 @@ namespace baton::detail {
 struct InitFrom {
   std::filesystem::path path;
   ImportOptions options;
+  std::string weights;  ///< of a checkpoint: "" its model's, "ema" / "swa" that algorithm's
   const toml::node* at = nullptr;
 };
 std::optional<InitFrom> read_init_from(const Document& doc, Problems& p);
+/// The tensors `from` names: a baton checkpoint's weights (any run directory's `final.baton` or
+/// `ckpt-*.baton`, told by its magic) or a state_dict file's.
+Expected<StateDict> read_init_weights(const InitFrom& from);
 
 /// A model as a file names it (models.cpp): the registry's name and its keys, and where.
 struct ModelTable {
