@@ -153,23 +153,13 @@ namespace {
 }  // namespace
 
 // ---------------------------------------------------------------- Optimizer
-std::string_view Optimizer::kind() const {
-  if (const auto* r = std::get_if<UpdateRule>(&options)) return r->name;
-  static constexpr std::string_view kinds[] = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
-  return kinds[options.index()];
-}
-
-double Optimizer::lr() const {
-  return std::visit([](const auto& o) { return o.lr; }, options);
-}
-
-double Optimizer::weight_decay() const {
-  return std::visit([](const auto& o) { return o.weight_decay; }, options);
-}
+std::string_view Optimizer::kind() const { return rule.name; }
+double Optimizer::lr() const { return rule.lr; }
+double Optimizer::weight_decay() const { return rule.weight_decay; }
 
 Optimizer Optimizer::with_lr(double lr) const {
   Optimizer copy = *this;
-  std::visit([lr](auto& o) { o.lr = lr; }, copy.options);
+  copy.rule.lr = lr;
   return copy;
 }
 
@@ -183,37 +173,10 @@ Expected<void> Optimizer::validate() const {
   std::vector<std::string> problems;
   auto check = [&](bool ok, std::string_view what) { if (!ok) note(problems, what); };
   auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0; };
-  auto unit = [&](double v) { return finite_nonneg(v) && v < 1; };
   check(finite_nonneg(lr()), fmt::format("optimizer.lr: must be a finite number >= 0, got {}", lr()));
   check(finite_nonneg(weight_decay()),
         fmt::format("optimizer.weight_decay: must be a finite number >= 0, got {}", weight_decay()));
-  std::visit(
-      [&](const auto& o) {
-        using O = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<O, SgdOptions>) {
-          check(unit(o.momentum), fmt::format("optimizer.momentum: must be in [0, 1), got {}", o.momentum));
-          check(finite_nonneg(o.dampening) && o.dampening <= 1,
-                fmt::format("optimizer.dampening: must be in [0, 1], got {}", o.dampening));
-          check(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
-                "optimizer.nesterov: needs momentum > 0 and dampening = 0 (set momentum, e.g. 0.9)");
-        } else if constexpr (std::is_same_v<O, AdamOptions> || std::is_same_v<O, AdamWOptions>) {
-          check(unit(o.beta1), fmt::format("optimizer.beta1: must be in [0, 1), got {}", o.beta1));
-          check(unit(o.beta2), fmt::format("optimizer.beta2: must be in [0, 1), got {}", o.beta2));
-          check(std::isfinite(o.eps) && o.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", o.eps));
-        } else if constexpr (std::is_same_v<O, RmspropOptions>) {
-          check(unit(o.alpha), fmt::format("optimizer.alpha: must be in [0, 1), got {}", o.alpha));
-          check(unit(o.momentum), fmt::format("optimizer.momentum: must be in [0, 1), got {}", o.momentum));
-          check(std::isfinite(o.eps) && o.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", o.eps));
-        } else if constexpr (std::is_same_v<O, UpdateRule>) {
-          for (const auto& problem : optim::rule_problems(o)) note(problems, problem);
-        } else {
-          check(finite_nonneg(o.lr_decay), fmt::format("optimizer.lr_decay: must be >= 0, got {}", o.lr_decay));
-          check(finite_nonneg(o.initial_accumulator_value),
-                fmt::format("optimizer.initial_accumulator_value: must be >= 0, got {}", o.initial_accumulator_value));
-          check(std::isfinite(o.eps) && o.eps > 0, fmt::format("optimizer.eps: must be > 0, got {}", o.eps));
-        }
-      },
-      options);
+  for (const auto& problem : optim::rule_problems(rule)) note(problems, problem);
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const auto& g = groups[i];
     check(!g.patterns.empty() || !g.modules.empty(),
@@ -229,12 +192,6 @@ Expected<void> Optimizer::validate() const {
 }
 
 namespace optim {
-Optimizer sgd(SgdOptions options) { return Optimizer{options, {}}; }
-Optimizer adam(AdamOptions options) { return Optimizer{options, {}}; }
-Optimizer adamw(AdamWOptions options) { return Optimizer{options, {}}; }
-Optimizer rmsprop(RmspropOptions options) { return Optimizer{options, {}}; }
-Optimizer adagrad(AdagradOptions options) { return Optimizer{options, {}}; }
-
 const std::vector<std::string>& names() {
   static const std::vector<std::string> all = {"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion", "lamb"};
   return all;

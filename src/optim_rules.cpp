@@ -12,13 +12,6 @@
 #include "optim_rules.hpp"
 
 namespace baton::optim {
-namespace {
-bool unit(double v) { return std::isfinite(v) && v >= 0 && v < 1; }
-void note(std::string& invalid, bool ok, const std::string& what) {
-  if (!ok) invalid += (invalid.empty() ? "" : "; ") + what;
-}
-}  // namespace
-
 Optimizer rule(UpdateRule r) { return Optimizer{std::move(r), {}}; }
 
 Optimizer lion(LionOptions o) {

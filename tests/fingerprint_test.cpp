@@ -63,7 +63,7 @@ struct FpStopped {
 };
 }  // namespace
 
-TEST_CASE("a C++ run resumed with any of 12 settings changed is refused, with a diff naming the setting", "[run][fingerprint]") {
+TEST_CASE("a C++ run resumed with any of 13 settings changed is refused, with a diff naming the setting", "[run][fingerprint]") {
   struct Change {
     const char* what;
     std::function<void(std::vector<baton::TrainingSpec>&, baton::Dataset&, baton::ModelFactory&, std::uint64_t&)> apply;
@@ -75,6 +75,9 @@ TEST_CASE("a C++ run resumed with any of 12 settings changed is refused, with a 
        "+ stages[0]: optimizer = \"sgd(lr=0.05, momentum=0.5"},
       {"weight decay", [](Specs& s, auto&, auto&, auto&) { s[1] = s[1].with_optimizer(baton::optim::sgd({.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4}), baton::Carry::keep); },
        "+ stages[1]: optimizer = \"sgd(lr=0.05, momentum=0.9, dampening=0, weight_decay=0.0001"},
+      {"another optimizer (the built-ins' text is what it was before they were update rules)",
+       [](Specs& s, auto&, auto&, auto&) { s[0] = s[0].with_optimizer(baton::optim::adam({.lr = 0.05}), baton::Carry::fresh); },
+       "+ stages[0]: optimizer = \"adam(lr=0.05, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=false)\""},
       {"schedule", [](Specs& s, auto&, auto&, auto&) { s[0] = s[0].with_schedule(baton::schedule::cosine(), baton::Clock::run); },
        "+ stages[0]: schedule = \"cosine(over 1dur, to 0)\""},
       {"loss", [](Specs& s, auto&, auto&, auto&) {

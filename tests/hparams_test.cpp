@@ -101,9 +101,10 @@ optimizer = { name = "adam", lr = 1e-3 }
 )", {"run.max_duration=10ep"});
   REQUIRE(cur.stages().size() == 4);
   auto main_stage = *cur.stages()[1].build();
-  const auto& sgd = std::get<baton::SgdOptions>(main_stage.optimizer.options);
-  CHECK(sgd.lr == 0.02);       // the stage's own value
-  CHECK(sgd.momentum == 0.9);  // merged from [defaults]: same optimizer name
+  const auto& sgd = main_stage.optimizer.rule;
+  CHECK(sgd.name == "sgd");
+  CHECK(sgd.lr == 0.02);                                           // the stage's own value
+  CHECK_THAT(sgd.identity, Catch::Contains("momentum=0.9,"));       // merged from [defaults]: same optimizer name
   auto inherits = *cur.stages()[2].build();
   CHECK(inherits.optimizer.lr() == 0.02);  // from the previous stage
   CHECK(inherits.schedule_clock == baton::Clock::run);

@@ -10,7 +10,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <variant>
 #include <vector>
 
 #include <torch/types.h>
@@ -68,11 +67,12 @@ struct AdagradOptions {
   double eps = 1e-10;
 };
 
-/// An update rule of your own, as Optax's (init, update) pair (docs/optimizers.md): the slots it
-/// keeps per parameter, how they start, and one update. baton binds it to the parameters, applies
-/// groups, freezing, clipping and the schedule, all-reduces gradients across ranks before it runs,
-/// and keeps its slots in the TrainState (copied, carried over, checkpointed and resumed like the
-/// built-ins' moments). Lion and LAMB (optim::lion, optim::lamb) are written this way.
+/// An update rule, as Optax's (init, update) pair (docs/optimizers.md): the slots it keeps per
+/// parameter, how they start, and one update. Every optimizer is one: the five torch::optim
+/// built-ins (optim::sgd ... optim::adagrad), Lion and LAMB, and yours (optim::rule). baton binds
+/// it to the parameters, applies groups, freezing, clipping and the schedule, all-reduces
+/// gradients across ranks before it runs, and keeps its slots in the TrainState (copied, carried
+/// over, checkpointed and resumed).
 ///
 /// `update` changes `param` and `slots` in place (under no_grad): the state is copied before a
 /// fit changes it, so purity holds at the state level, and in-place arithmetic is what keeps the
@@ -90,13 +90,16 @@ struct UpdateRule {
   std::string name{};
   /// Every option that can change the bits, e.g. "lion(beta1=0.9, beta2=0.99)": run directories'
   /// fingerprints hold it, so a resume with other options is refused. Required: change the text
-  /// when the behaviour changes.
+  /// when the behaviour changes. Fingerprints add the name, base rates and slots, unless it names
+  /// `{lr}` and `{weight_decay}` itself (the built-ins' do): then those are filled in and it is
+  /// the whole description.
   std::string identity{};
   double lr = 1e-3;            ///< the base learning rate (groups and the schedule scale it)
   double weight_decay = 0.0;   ///< the base weight decay (groups may change it); the rule decides how it applies
   /// The names of the tensors it keeps per parameter, in order (checkpoints keep them by position).
   std::vector<std::string> slots{};
-  /// The slots of a parameter before its first update; any shapes (factored moments, scalars).
+  /// The slots of a parameter before its first update; any shapes (factored moments, scalars), or
+  /// undefined tensors that `update` makes when first needed (the built-ins do, as torch::optim).
   /// Unset: zeros shaped like the parameter, one per name.
   std::function<std::vector<torch::Tensor>(const torch::Tensor& param)> init{};
   /// One update of one parameter: `step` counts it from 1; `lr` and `weight_decay` are the
@@ -166,7 +169,7 @@ struct GradientTransform {
   std::string invalid{};  ///< set by a factory given bad options; Optimizer::validate reports it
 };
 
-/// An optimizer's hyperparameters; which kind it is follows from the options held.
+/// An optimizer: its update rule, parameter groups and gradient transforms.
 ///
 /// ```cpp
 /// auto opt = baton::optim::adamw({.lr = 1e-3})
@@ -174,13 +177,14 @@ struct GradientTransform {
 ///                              {.patterns = {"*.bias", "*bn*"}, .weight_decay = 0.0}});
 /// ```
 struct Optimizer {
-  std::variant<SgdOptions, AdamOptions, AdamWOptions, RmspropOptions, AdagradOptions, UpdateRule> options{};
+  /// The update: a built-in's (optim::sgd, adam, adamw, rmsprop, adagrad, lion, lamb) or yours.
+  UpdateRule rule{};
   std::vector<ParamGroup> groups{};
   /// Applied in order to the step's gradients before the update (after the spec's clipping);
   /// `optim::chain` sets them.
   std::vector<GradientTransform> transforms{};
 
-  /// "sgd", "adam", "adamw", "rmsprop", "adagrad", or an update rule's name ("lion", "lamb", yours).
+  /// The rule's name: "sgd", "adam", "adamw", "rmsprop", "adagrad", "lion", "lamb", or yours.
   [[nodiscard]] std::string_view kind() const;
   [[nodiscard]] double lr() const;              ///< the base learning rate
   [[nodiscard]] double weight_decay() const;    ///< the base weight decay
@@ -229,9 +233,9 @@ enum class Carry {
   fresh,  ///< start from empty moments
 };
 
-/// Per-parameter optimizer state: the step count and the slot tensors (SGD: momentum buffer;
-/// Adam/AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; RMSprop: square_avg, momentum_buffer,
-/// grad_avg; Adagrad: sum). A slot is undefined until first used.
+/// Per-parameter optimizer state: the step count and the slot tensors, in the order of the rule's
+/// `slots` (SGD: momentum_buffer; Adam/AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq; RMSprop:
+/// square_avg, momentum_buffer, grad_avg; Adagrad: sum). A built-in's slot is undefined until first used.
 struct ParamState {
   std::int64_t step = 0;
   std::vector<torch::Tensor> slots{};
@@ -244,8 +248,7 @@ struct OptimizerState {
 };
 
 namespace optim {
-/// How many slot tensors `opt`'s kind keeps per parameter (SGD, Adagrad: 1; Adam, AdamW, RMSprop:
-/// 3; an update rule: its slots).
+/// How many slot tensors `opt`'s rule keeps per parameter (SGD, Adagrad: 1; Adam, AdamW, RMSprop: 3).
 std::size_t slot_count(const Optimizer& opt);
 
 /// One update of one parameter, in place, as `fit` applies it: `param` and `state` change as
