@@ -193,7 +193,7 @@ Expected<void> Optimizer::validate() const {
 
 namespace optim {
 const std::vector<std::string>& names() {
-  static const std::vector<std::string> all = {"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion", "lamb"};
+  static const std::vector<std::string> all = {"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion", "lamb", "adafactor"};
   return all;
 }
 
@@ -236,6 +236,13 @@ Expected<Optimizer> from_name(const std::string& name, const Params& params) {
     o.lr = r.number("lr", o.lr), o.beta1 = r.number("beta1", o.beta1), o.beta2 = r.number("beta2", o.beta2);
     o.eps = r.number("eps", o.eps), o.weight_decay = r.number("weight_decay", o.weight_decay);
     opt = lamb(o);
+  } else if (name == "adafactor") {
+    AdafactorOptions o;
+    o.lr = r.number("lr", o.lr), o.decay_rate = r.number("decay_rate", o.decay_rate);
+    o.eps1 = r.number("eps1", o.eps1), o.eps2 = r.number("eps2", o.eps2);
+    o.clip_threshold = r.number("clip_threshold", o.clip_threshold), o.weight_decay = r.number("weight_decay", o.weight_decay);
+    o.relative_step = r.flag("relative_step", o.relative_step), o.scale_parameter = r.flag("scale_parameter", o.scale_parameter);
+    opt = adafactor(o);
   } else {
     return fail(ErrorCode::invalid_argument, fmt::format("unknown optimizer \"{}\"{}; valid optimizers: {}", name,
                                                          detail::did_you_mean(name, names()), fmt::join(names(), ", ")));

@@ -1,5 +1,6 @@
-// Update rules as values (optim.hpp): the shape anyone's optimizer takes, and the two built on it,
-// Lion and LAMB, from their papers' update equations; the gradient transforms of optim::chain.
+// Update rules as values (optim.hpp): the shape anyone's optimizer takes, and the three built on
+// it from their papers' update equations, Lion, LAMB and Adafactor; the gradient transforms of
+// optim::chain.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -53,6 +54,56 @@ Optimizer lamb(LambOptions o) {
     const double w = p.norm().item<double>(), d = direction.norm().item<double>();
     const double trust = w > 0 && d > 0 ? w / d : 1.0;
     p.add_(direction, -lr * trust);
+  };
+  return rule(std::move(r));
+}
+
+namespace {
+torch::Tensor rms(const torch::Tensor& t) { return t.square().mean().sqrt(); }
+}  // namespace
+
+Optimizer adafactor(AdafactorOptions o) {
+  UpdateRule r{.name = "adafactor",
+               .identity = fmt::format("adafactor(decay_rate={}, eps1={}, eps2={}, clip_threshold={}, relative_step={}, "
+                                       "scale_parameter={})", o.decay_rate, o.eps1, o.eps2, o.clip_threshold,
+                                       o.relative_step, o.scale_parameter),
+               .lr = o.lr,
+               .weight_decay = o.weight_decay,
+               .slots = {"exp_avg_sq_row", "exp_avg_sq_col"}};
+  note(r.invalid, std::isfinite(o.decay_rate) && o.decay_rate < 0,
+       fmt::format("optimizer.decay_rate: must be < 0 (beta2 = 1 - t^decay_rate), got {}", o.decay_rate));
+  note(r.invalid, std::isfinite(o.eps1) && o.eps1 >= 0, fmt::format("optimizer.eps1: must be >= 0, got {}", o.eps1));
+  note(r.invalid, std::isfinite(o.eps2) && o.eps2 >= 0, fmt::format("optimizer.eps2: must be >= 0, got {}", o.eps2));
+  note(r.invalid, positive(o.clip_threshold), fmt::format("optimizer.clip_threshold: must be > 0, got {}", o.clip_threshold));
+  // A matrix (or the last two dimensions of a larger tensor) keeps its rows' and columns' means.
+  r.init = [](const torch::Tensor& p) -> std::vector<torch::Tensor> {
+    const auto opts = p.options().memory_format(torch::MemoryFormat::Contiguous);
+    if (p.dim() < 2) return {torch::zeros_like(p, torch::MemoryFormat::Contiguous), torch::zeros({}, opts)};
+    auto row = p.sizes().vec(), col = p.sizes().vec();
+    row.pop_back();
+    col.erase(col.end() - 2);
+    return {torch::zeros(row, opts), torch::zeros(col, opts)};
+  };
+  r.update = [o](torch::Tensor& p, const torch::Tensor& g, std::vector<torch::Tensor>& slots, std::int64_t step, double lr,
+                 double wd) {
+    const double t = static_cast<double>(step), beta2 = 1 - std::pow(t, o.decay_rate);
+    const double rho = o.relative_step ? std::min(lr, 1 / std::sqrt(t)) : lr;
+    const double alpha = o.scale_parameter ? std::max(o.eps2, rms(p).item<double>()) * rho : rho;
+    const auto sq = g.square().add_(o.eps1);
+    torch::Tensor update;
+    if (p.dim() < 2) {
+      slots[0].mul_(beta2).add_(sq, 1 - beta2);
+      update = g / slots[0].sqrt();
+    } else {
+      auto &row = slots[0], &col = slots[1];
+      row.mul_(beta2).add_(sq.mean(-1), 1 - beta2);
+      col.mul_(beta2).add_(sq.mean(-2), 1 - beta2);
+      const auto row_factor = (row / row.mean(-1, /*keepdim=*/true)).rsqrt_().unsqueeze(-1);
+      update = g * row_factor * col.rsqrt().unsqueeze(-2);
+    }
+    update.div_(std::max(1.0, rms(update).item<double>() / o.clip_threshold));
+    if (wd != 0) p.mul_(1 - lr * wd);
+    p.add_(update, -alpha);
   };
   return rule(std::move(r));
 }

@@ -263,6 +263,66 @@ TEST_CASE("LAMB follows its published update equations", "[optim][rules]") {
                     });
 }
 
+TEST_CASE("Adafactor follows its published update equations, with factored moments that checkpoint and resume", "[optim][rules]") {
+  // Shazeer & Stern 2018, Algorithm 4 (factored second moment, written with sums as in the paper)
+  // with update clipping (section 6, d) and relative step sizes (section 8): beta2 = 1 - t^-0.8,
+  // rho = min(lr, 1/sqrt(t)), alpha = max(eps2, RMS(p)) rho, p -= alpha U / max(1, RMS(U) / d).
+  const double lr = 1e-2, eps1 = 1e-30, eps2 = 1e-3, d = 1.0, wd = 0.05;
+  std::vector<torch::Tensor> R, C, V;
+  auto rms = [](const torch::Tensor& t) { return std::sqrt(t.square().mean().item<double>()); };
+  against_equations(baton::optim::adafactor({.lr = lr, .weight_decay = wd}),
+                    [&](std::int64_t t, std::vector<torch::Tensor>& p, const std::vector<torch::Tensor>& g) {
+                      if (V.empty())
+                        for (const auto& x : p) {
+                          V.push_back(torch::zeros_like(x));
+                          R.push_back(x.dim() == 2 ? torch::zeros({x.size(0)}) : torch::Tensor());
+                          C.push_back(x.dim() == 2 ? torch::zeros({x.size(1)}) : torch::Tensor());
+                        }
+                      const double beta2 = 1 - std::pow(static_cast<double>(t), -0.8);
+                      const double rho = std::min(lr, 1 / std::sqrt(static_cast<double>(t)));
+                      for (std::size_t i = 0; i < p.size(); ++i) {
+                        const auto sq = g[i] * g[i] + eps1;
+                        torch::Tensor v;
+                        if (p[i].dim() == 2) {
+                          R[i] = beta2 * R[i] + (1 - beta2) * sq.sum(1);  // (G^2 + eps1) 1_m
+                          C[i] = beta2 * C[i] + (1 - beta2) * sq.sum(0);  // 1_n^T (G^2 + eps1)
+                          v = torch::outer(R[i], C[i]) / R[i].sum();
+                        } else {
+                          V[i] = beta2 * V[i] + (1 - beta2) * sq;
+                          v = V[i];
+                        }
+                        const auto u = g[i] / torch::sqrt(v);
+                        const auto u_hat = u / std::max(1.0, rms(u) / d);
+                        const double alpha = std::max(eps2, rms(p[i])) * rho;
+                        p[i] = p[i] * (1 - lr * wd) - alpha * u_hat;
+                      }
+                    });
+  // A [n, m] weight keeps n + m numbers; a 4-d kernel factors its last two dimensions.
+  const auto data = test::blobs(300);
+  const auto spec = test::spec(data, baton::Time::epochs(2)).with_optimizer(baton::optim::adafactor({.lr = 0.05}), baton::Carry::fresh);
+  const auto whole = test::ok(baton::fit(spec, test::new_state()));
+  const auto& slots = whole.optimizer.params.at("0.weight").slots;
+  REQUIRE(slots.size() == 2);
+  const auto weight = whole.named_parameters().at(0).second;
+  REQUIRE(weight.dim() == 2);
+  CHECK(slots[0].sizes() == torch::IntArrayRef{weight.size(0)});
+  CHECK(slots[1].sizes() == torch::IntArrayRef{weight.size(1)});
+  const auto conv = baton::optim::update(baton::optim::adafactor(), torch::randn({4, 3, 5, 5}), torch::randn({4, 3, 5, 5}), {}, 1e-2, 0);
+  CHECK(conv.state.slots.at(0).sizes() == torch::IntArrayRef{4, 3, 5});
+  CHECK(conv.state.slots.at(1).sizes() == torch::IntArrayRef{4, 3, 5});
+  // Split, checkpointed and resumed: the bits of one fit.
+  const test::TempDir dir;
+  auto half = test::ok(baton::fit(spec, test::new_state(), baton::Time::batches(9)));
+  REQUIRE(baton::save_checkpoint(half, dir.path / "c.baton"));
+  test::require_same_bits(whole, test::ok(baton::fit(spec, test::ok(baton::load_checkpoint(dir.path / "c.baton", test::bn_dropout_mlp())))));
+  // Named in TOML's way, with its keys checked.
+  const auto named = test::ok(baton::optim::from_name("adafactor", {{"lr", 0.01}, {"relative_step", false}, {"decay_rate", -0.5}}));
+  CHECK_THAT(named.rule.identity, Catch::Contains("decay_rate=-0.5") && Catch::Contains("relative_step=false"));
+  const auto bad = baton::optim::from_name("adafactor", {{"decay_rate", 0.5}});
+  REQUIRE_FALSE(bad);
+  CHECK_THAT(bad.error().message, Catch::Contains("optimizer.decay_rate: must be < 0"));
+}
+
 TEST_CASE("an update rule of your own trains, splits, checkpoints and resumes as a built-in does", "[optim][rules]") {
   const auto data = test::blobs(300);
   const auto spec = test::spec(data, baton::Time::epochs(3)).with_optimizer(test::heavy_ball(), baton::Carry::fresh);

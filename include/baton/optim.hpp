@@ -130,6 +130,25 @@ struct LambOptions {
   double weight_decay = 0.01;
 };
 
+/// Adafactor (Shazeer & Stern 2018, "Adafactor: Adaptive Learning Rates with Sublinear Memory
+/// Cost"), without momentum: the second moment of a matrix (or of the last two dimensions of a
+/// larger tensor) kept as its row and column means, V = row * col / mean(row), so a [n, m]
+/// weight keeps n + m numbers instead of n * m; vectors keep a full moment. With
+/// decay_rate d, beta2 at step t is 1 - t^d; the update G / sqrt(V) is clipped to RMS
+/// `clip_threshold`, then scaled by rho = min(lr, 1 / sqrt(t)) (`relative_step`; else lr) times
+/// max(eps2, RMS(param)) (`scale_parameter`). Weight decay is decoupled: p *= 1 - lr * wd.
+/// Slots `exp_avg_sq_row` (a vector's whole moment) and `exp_avg_sq_col` (a vector: a scalar 0).
+struct AdafactorOptions {
+  double lr = 1e-2;
+  double decay_rate = -0.8;
+  double eps1 = 1e-30;   ///< added to the squared gradient
+  double eps2 = 1e-3;    ///< the least parameter scale
+  double clip_threshold = 1.0;
+  double weight_decay = 0.0;
+  bool relative_step = true;
+  bool scale_parameter = true;
+};
+
 /// Parameters selected by name patterns (globs: `*` matches any text including dots, `?` one
 /// character; e.g. "backbone.*", "*.bias") or by the type of the module that holds them, with
 /// their own learning rate and weight decay. The first group that selects a parameter takes it;
@@ -205,6 +224,7 @@ Optimizer adagrad(AdagradOptions options = {});
 Optimizer rule(UpdateRule rule);
 Optimizer lion(LionOptions options = {});
 Optimizer lamb(LambOptions options = {});
+Optimizer adafactor(AdafactorOptions options = {});
 
 /// `transforms` in order (before any the optimizer already has), then `opt`'s update: Optax's
 /// `chain(transform..., rule)`. Stateless links, so carry-over and checkpoints are the rule's.
@@ -223,7 +243,7 @@ GradientTransform add_decayed_weights(double rate);
 /// (Adam's betas as `beta1`, `beta2`). Unknown names or keys, wrong types and invalid values are
 /// errors listing the valid names or keys.
 Expected<Optimizer> from_name(const std::string& name, const Params& params);
-/// Every name `from_name` accepts (the built-ins, Lion and LAMB).
+/// Every name `from_name` accepts (the built-ins, Lion, LAMB and Adafactor).
 const std::vector<std::string>& names();
 }  // namespace optim
 
