@@ -582,3 +582,64 @@ TEST_CASE("baton run of a tree with --for is refused before any dataset is read"
   CHECK_THAT(plain.out, Catch::Contains("no-such-folder"));  // the folder is read when nothing refuses first
   CHECK_FALSE(fs::exists(tmp.path / "run"));
 }
+
+TEST_CASE("a scratch baseline trains its branch's stages as the branch resolves them, keys inherited from the stages it leaves out included",
+          "[tree]") {
+  // The fine-tune says nothing of schedule, clipping, precision or batch size: it inherits them from
+  // the pretraining. Its scratch twin must train with the same, or "vs" compares two recipes.
+  const std::string text = R"(
+[run]
+seed = 5
+max_duration = "6ep"
+[model]
+name = "mlp"
+widths = [8, 16, 4]
+[datasets.all]
+kind = "synthetic"
+samples = 200
+[defaults]
+data = "all"
+optimizer = { name = "adam", lr = 0.01 }
+[[stages]]
+name = "pre"
+duration = "2ep"
+batch_size = 10
+clip_grad_norm = 0.5
+precision = "bf16"
+schedule = { name = "cosine", warmup = "2ba" }
+[[stages]]
+name = "ft"
+from = "pre"
+baseline = "scratch"
+duration = "1ep"
+)";
+  const auto cur = tree_value(baton::parse_curriculum(text, "inherit.toml"));
+  REQUIRE(cur.branches().size() == 2);
+  const auto& branch = cur.branches()[0];
+  const auto& twin = cur.branches()[1];
+  REQUIRE(twin.baseline);
+  CHECK(twin.stages == std::vector<std::string>{"ft"});
+  REQUIRE(twin.curriculum->stages().size() == 1);  // it trains the fine-tune only
+  const auto a = tree_value(branch.curriculum->stages().back().build());
+  const auto b = tree_value(twin.curriculum->stages()[0].build());
+  CHECK(b.name == "ft");
+  CHECK(b.data.batch_size == 10);
+  CHECK(b.clip_grad_norm == std::optional<double>(0.5));
+  CHECK(b.precision == baton::Precision::bf16);
+  CHECK(b.schedule.name == a.schedule.name);
+  CHECK_THAT(b.schedule.name, Catch::Contains("cosine"));
+  CHECK(b.schedule.warmup == a.schedule.warmup);
+  CHECK(b.optimizer.rule.identity == a.optimizer.rule.identity);
+  // Trained, the twin's stage directory holds the same resolved stage as the branch's.
+  test::TempDir tmp;
+  const fs::path file = tmp.path / "inherit.toml";
+  std::ofstream(file) << text;
+  const auto r = tree_value(baton::run_tree(file, {.dir = tmp.path / "run", .progress = false}));
+  CHECK(r.stages_trained == 3);  // pre, ft, scratch/ft
+  auto stage_of = [](const fs::path& config) {
+    std::ifstream in(config);
+    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return all.substr(all.rfind("[[stages]]"));
+  };
+  CHECK(stage_of(tmp.path / "run" / "scratch" / "ft" / "config.toml") == stage_of(tmp.path / "run" / "ft" / "config.toml"));
+}

@@ -389,9 +389,11 @@ Expected<void> resolve(Curriculum::Impl& impl, const std::string& source) {
 }  // namespace
 
 namespace {
-/// The curriculum of `text`; with `path`, only those stages (one branch of a tree, as a chain).
+/// The curriculum of `text`; with `path`, only those stages (one branch of a tree, as a chain),
+/// of which the first `skip` are not trained but still pass on their keys (a scratch baseline:
+/// the same stages as its branch's, from a fresh initialization).
 Expected<Curriculum> parse(std::string_view text, const std::string& source, const std::vector<std::string>& overrides,
-                           const Registry& registry, const std::vector<std::size_t>* path) {
+                           const Registry& registry, const std::vector<std::size_t>* path, std::size_t skip = 0) {
   auto doc = std::make_shared<Document>();
   doc->source = source;
   if (std::error_code ec; std::filesystem::is_regular_file(source, ec)) doc->base_dir = std::filesystem::path(source).parent_path();
@@ -428,15 +430,17 @@ Expected<Curriculum> parse(std::string_view text, const std::string& source, con
     b->overrides = std::make_shared<toml::table>();
     impl->stages.emplace_back(std::move(b));
   }
+  impl->stages.erase(impl->stages.begin(), impl->stages.begin() + static_cast<std::ptrdiff_t>(std::min(skip, impl->stages.size())));
   if (auto ok = resolve(*impl, source); !ok) return tl::unexpected(ok.error());
   impl->tree = shape.branches;
   if (impl->tree) {
     const auto* names = root["stages"].as_array();
     for (const auto& b : detail::branch_paths(detail::stage_names(*root["stages"].as_array()), shape)) {
-      auto chain = parse(text, source, overrides, registry, &b.stages);
+      auto chain = parse(text, source, overrides, registry, &b.stages, b.skip);
       if (!chain) return tl::unexpected(chain.error().with_context(fmt::format("branch \"{}\"", b.name)));
       std::vector<std::string> stage_names;
-      for (auto i : b.stages) stage_names.push_back(*(*names->at(i).as_table())["name"].value<std::string>());
+      for (std::size_t k = b.skip; k < b.stages.size(); ++k)
+        stage_names.push_back(*(*names->at(b.stages[k]).as_table())["name"].value<std::string>());
       impl->branches.push_back({b.name, std::move(stage_names), b.baseline, std::make_shared<const Curriculum>(std::move(*chain))});
     }
   }

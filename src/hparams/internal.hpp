@@ -270,8 +270,11 @@ std::vector<std::string> stage_names(const toml::array& stages);
 /// the stage that asks for it) to the leaf, in file order.
 struct BranchPath {
   std::string name;
-  std::vector<std::size_t> stages;
+  std::vector<std::size_t> stages;  ///< from the first stage to the leaf
   bool baseline = false;
+  /// A baseline's leading stages that it does not train: it starts from a fresh initialization at
+  /// stages[skip], but every stage it trains inherits keys from them, as on its branch.
+  std::size_t skip = 0;
 };
 std::vector<BranchPath> branch_paths(const std::vector<std::string>& names, const TreeShape& tree);
 /// Keeps only the stages of `path` in `root` (moved, so that each keeps its place in the file for

@@ -398,7 +398,7 @@ Expected<SweepResult> run_tree(const RunOptions& options, const std::vector<Tree
   for (const auto& b : detail::branch_paths(names, shape)) {
     Plan p{{}, [&initial] { return Expected<TrainState>(initial); }, initial.factory, options, {}, {}, {}, b.name, b.baseline};
     p.tools = true;
-    for (auto i : b.stages) p.specs.push_back(stages[i].spec);
+    for (std::size_t k = b.skip; k < b.stages.size(); ++k) p.specs.push_back(stages[b.stages[k]].spec);  // specs are whole: nothing to inherit
     std::vector<std::string> undescribed;
     for (std::size_t level = 0; level < p.specs.size(); ++level) {
       const std::vector<TrainingSpec> upto(p.specs.begin(), p.specs.begin() + static_cast<std::ptrdiff_t>(level) + 1);

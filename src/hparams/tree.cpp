@@ -91,10 +91,11 @@ std::vector<BranchPath> branch_paths(const std::vector<std::string>& names, cons
     std::reverse(path.begin(), path.end());
     out.push_back({names[leaf], path, false});
     // A scratch baseline from the last stage on the path that asks for one: that stage to the
-    // leaf, from a fresh initialization.
+    // leaf, from a fresh initialization, each stage resolved as on the branch (what it inherits
+    // from the stages left out included: the same schedule, precision, data, ...).
     for (std::size_t k = path.size(); k-- > 0;)
       if (t.baseline[path[k]]) {
-        out.push_back({names[leaf], std::vector<std::size_t>(path.begin() + static_cast<std::ptrdiff_t>(k), path.end()), true});
+        out.push_back({names[leaf], path, true, k});
         break;
       }
   }
