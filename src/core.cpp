@@ -197,6 +197,26 @@ const std::vector<std::string>& names() {
   return all;
 }
 
+const std::vector<std::string>& transform_names() {
+  static const std::vector<std::string> all = {"clip_by_global_norm", "clip_by_value", "add_decayed_weights"};
+  return all;
+}
+
+Expected<GradientTransform> transform_from_name(const std::string& name, const Params& params) {
+  detail::ParamReader r(params, fmt::format("optimizer.chain.{}", name));
+  GradientTransform t;
+  if (name == "clip_by_global_norm") t = clip_by_global_norm(r.number("max_norm", 1.0));
+  else if (name == "clip_by_value") t = clip_by_value(r.number("limit", 1.0));
+  else if (name == "add_decayed_weights") t = add_decayed_weights(r.number("rate", 0.0));
+  else
+    return fail(ErrorCode::invalid_argument,
+                fmt::format("unknown gradient transform \"{}\"{}; valid transforms: {}", name,
+                            detail::did_you_mean(name, transform_names()), fmt::join(transform_names(), ", ")));
+  if (auto ok = r.finish(); !ok) return tl::unexpected(ok.error());
+  if (!t.invalid.empty()) return fail(ErrorCode::invalid_argument, t.invalid);
+  return t;
+}
+
 Expected<Optimizer> from_name(const std::string& name, const Params& params) {
   detail::ParamReader r(params, "optimizer");
   Optimizer opt;

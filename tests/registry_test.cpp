@@ -86,3 +86,45 @@ TEST_CASE("names of the registry's own: did-you-mean over both, unknown keys and
   CHECK_THAT(problems(R"(algorithms = { count_step = {} })"), Catch::Contains("(did you mean \"count_steps\"?)"));
   CHECK_THAT(problems(R"(callbacks = { taly = {} })"), Catch::Contains("(did you mean \"tally\"?)"));
 }
+
+TEST_CASE("optimizer.chain names gradient transforms in TOML: the bits of the same chain in C++, yours by the registry", "[hparams][registry][chain]") {
+  auto registry = baton::Registry::builtin();
+  registry.transforms["halve"] = {{}, [](const baton::Params&) -> baton::Expected<baton::GradientTransform> {
+    baton::GradientTransform t{.name = "halve", .identity = "halve v1"};
+    t.apply = [](const std::vector<torch::Tensor>&, std::vector<torch::Tensor>& grads) { for (auto& g : grads) g.mul_(0.5); };
+    return t;
+  }};
+  const auto cur = test::ok(baton::parse_curriculum(test::mlp_curriculum(R"(
+optimizer = { name = "sgd", lr = 0.05, momentum = 0.9, chain = [{ name = "add_decayed_weights", rate = 0.01 }, { name = "clip_by_value", limit = 0.5 }, { name = "halve" }] }
+)"), "chain.toml", {}, registry));
+  const auto spec = test::ok(cur.stages()[0].build());
+  REQUIRE(spec.optimizer.transforms.size() == 3);
+  CHECK(spec.optimizer.transforms[0].identity == "add_decayed_weights(0.01)");
+  CHECK(spec.optimizer.transforms[2].identity == "halve v1");
+  // The same chain written in C++: the same weights after the same training.
+  auto cxx = spec;
+  cxx.optimizer = baton::optim::chain({baton::optim::add_decayed_weights(0.01), baton::optim::clip_by_value(0.5)},
+                                      baton::optim::sgd({.lr = 0.05, .momentum = 0.9}));
+  cxx.optimizer.transforms.push_back(spec.optimizer.transforms[2]);
+  const auto a = test::ok(baton::fit(spec, test::ok(cur.init())));
+  const auto b = test::ok(baton::fit(cxx, test::ok(cur.init())));
+  test::require_same_bits(a, b);
+  const auto plain = test::ok(baton::fit(spec.with_optimizer(baton::optim::sgd({.lr = 0.05, .momentum = 0.9}), baton::Carry::fresh),
+                                         test::ok(cur.init())));
+  CHECK_FALSE(plain.named_parameters()[0].second.equal(a.named_parameters()[0].second));  // the chain did something
+
+  // Bad entries: an unknown transform (did you mean), an unknown key, a bad value, an entry without a name.
+  for (const auto& [keys, expected] : std::vector<std::pair<std::string, std::string>>{
+           {R"(optimizer = { name = "sgd", chain = [{ name = "clip_by_valeu" }] })", "did you mean \"clip_by_value\""},
+           {R"(optimizer = { name = "sgd", chain = [{ name = "clip_by_value", max = 1.0 }] })", "unknown key \"max\""},
+           {R"(optimizer = { name = "sgd", chain = [{ name = "clip_by_global_norm", max_norm = -1.0 }] })", "max_norm must be a finite number > 0"},
+           {R"(optimizer = { name = "sgd", chain = [{ limit = 1.0 }] })", "each entry is a table with a name"},
+           {R"(optimizer = { name = "sgd", chain = { name = "halve" } })", "expected an array of tables"}}) {
+    INFO(keys);
+    const auto bad = baton::parse_curriculum(test::mlp_curriculum(keys + "\n"), "bad.toml", {}, registry);
+    REQUIRE(bad);
+    const auto built = bad->stages()[0].build();
+    REQUIRE_FALSE(built);
+    CHECK_THAT(built.error().to_string(), Catch::Contains(expected) && Catch::Contains("bad.toml:"));
+  }
+}

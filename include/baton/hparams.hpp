@@ -80,6 +80,8 @@ struct Registry {
   std::map<std::string, Metric> metrics{};
   /// `optimizer = { name = ... }` besides optim::names(); the table's `groups` stay baton's.
   std::map<std::string, NamedEntry<Optimizer>> optimizers{};
+  /// `optimizer.chain = [{ name = ... }, ...]` entries besides optim::transform_names().
+  std::map<std::string, NamedEntry<GradientTransform>> transforms{};
   /// `schedule = { name = ... }` besides schedule::names(); `warmup`, `warmup_from` and `scale`
   /// stay baton's (schedule::with_common_keys), as for every schedule.
   std::map<std::string, NamedEntry<Schedule>> schedules{};

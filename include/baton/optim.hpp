@@ -245,6 +245,11 @@ GradientTransform add_decayed_weights(double rate);
 Expected<Optimizer> from_name(const std::string& name, const Params& params);
 /// Every name `from_name` accepts (the built-ins, Lion, LAMB and Adafactor).
 const std::vector<std::string>& names();
+/// A gradient transform from its name and keys (an `optimizer.chain` entry of an hparams file):
+/// `clip_by_global_norm` (max_norm), `clip_by_value` (limit), `add_decayed_weights` (rate).
+Expected<GradientTransform> transform_from_name(const std::string& name, const Params& params);
+/// Every name `transform_from_name` accepts.
+const std::vector<std::string>& transform_names();
 }  // namespace optim
 
 /// What a stage does with the optimizer state it finds in the TrainState.

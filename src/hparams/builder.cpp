@@ -303,15 +303,50 @@ std::vector<ParamGroup> read_groups(const toml::node* node, Reader& r) {
   return groups;
 }
 
+/// optimizer.chain = [{ name = "clip_by_global_norm", max_norm = 1.0 }, ...]: transforms before the update.
+std::vector<GradientTransform> read_chain(const toml::node* node, const Registry& registry, Reader& r) {
+  Problems& p = r.p;
+  std::vector<GradientTransform> chain;
+  const auto* arr = node->as_array();
+  if (!arr) {
+    p.add(node, r.path + "optimizer.chain: expected an array of tables, e.g. [{ name = \"clip_by_global_norm\", max_norm = 1.0 }]");
+    return chain;
+  }
+  for (const auto& entry : *arr) {
+    const auto* t = entry.as_table();
+    const auto name = t ? (*t)["name"].value<std::string>() : std::nullopt;
+    if (!name) {
+      p.add(&entry, r.path + "optimizer.chain: each entry is a table with a name, e.g. { name = \"clip_by_value\", limit = 0.5 }");
+      continue;
+    }
+    Params params;
+    for (const auto& [k, v] : *t) {
+      if (k.str() == "name") continue;
+      if (auto value = detail::to_param(v)) params[std::string(k.str())] = *value;
+      else p.add(&v, fmt::format("{}optimizer.chain.{}.{}: {} is not allowed here", r.path, *name, k.str(), detail::type_name(v)));
+    }
+    auto made = detail::make_named("gradient transform", registry.transforms, optim::transform_names(), *name, params,
+                                   optim::transform_from_name);
+    if (made) chain.push_back(std::move(*made));
+    else p.add(&entry, r.path + made.error().message);
+  }
+  return chain;
+}
+
 void read_optimizer(const Impl& b, Reader& r, TrainingSpec& spec) {
   Problems& p = r.p;
   std::optional<std::string> name;
   auto keys = b.merged("optimizer", name, p);
   Params params;
   std::vector<ParamGroup> groups;
+  std::vector<GradientTransform> chain;
   for (const auto& [k, node] : keys) {
     if (k == "groups") {
       groups = read_groups(node, r);
+      continue;
+    }
+    if (k == "chain") {
+      chain = read_chain(node, b.doc->registry, r);
       continue;
     }
     if (auto v = detail::to_param(*node)) params[k] = *v;
@@ -321,7 +356,7 @@ void read_optimizer(const Impl& b, Reader& r, TrainingSpec& spec) {
                                 optim::from_name)
                  .and_then([&](Optimizer o) -> Expected<Optimizer> {
                    if (auto ok = o.validate(); !ok) return tl::unexpected(ok.error());
-                   return o.with_groups(std::move(groups));
+                   return optim::chain(std::move(chain), o.with_groups(std::move(groups)));
                  });
   if (opt) spec.optimizer = std::move(*opt);
   else p.add(b.get("optimizer"), r.path + opt.error().message);
